@@ -1,0 +1,43 @@
+"""The error types cdc_join raises; every message names the input that is wrong."""
+
+from __future__ import annotations
+
+
+class CdcJoinError(Exception):
+    """Base class of every error cdc_join raises on purpose."""
+
+
+class ConfigError(CdcJoinError):
+    """The pipeline YAML is invalid. Raised before any data is read or written.
+
+    Args:
+        message: what is wrong.
+        key: the dotted key of the offending entry, e.g. ``joins[0].foreign_key``.
+        path: the config file.
+    """
+
+    def __init__(self, message: str, *, key: str | None = None, path: object = None) -> None:
+        self.key = key
+        self.path = path
+        where = []
+        if path is not None:
+            where.append(str(path))
+        if key:
+            where.append(key)
+        super().__init__(f"{': '.join(where)}: {message}" if where else message)
+
+
+class InputError(CdcJoinError):
+    """Source data cannot be processed as a whole (e.g. no usable sequence field)."""
+
+
+class StorageError(CdcJoinError):
+    """A Delta table cannot be read or written, or no storage backend is usable."""
+
+
+class ConcurrentRunError(CdcJoinError):
+    """Another run of the same pipeline holds the lock."""
+
+
+class VerifyError(CdcJoinError):
+    """Silver differs from a full recompute of the join."""

@@ -1,0 +1,126 @@
+"""The storage seam: the few Delta operations a run needs, as one small protocol.
+
+Compute is always Spark; this protocol is the only place that knows how a Delta table is read
+or written. Two backends implement it: :mod:`cdc_join.storage.delta_rs` (embedded default,
+``deltalake``) and :mod:`cdc_join.storage.delta_spark` (Delta on the Spark classpath).
+
+Rules every backend follows (the contract tests in ``tests/contract`` check them):
+
+- Paths are table roots (local paths or URIs). ``create`` is create-if-absent and returns
+  whether it created the table.
+- ``read`` returns a Spark DataFrame of a snapshot: the latest version, or ``version``.
+  ``files`` narrows the read to some of that snapshot's data files (as named by
+  :meth:`Storage.files`), which is how callers skip files by statistics.
+- ``read_changes`` returns the Change Data Feed rows committed in versions
+  ``start_version..end_version`` (both inclusive; ``end_version=None`` means latest), with the
+  columns ``_change_type`` (``insert``, ``update_preimage``, ``update_postimage``, ``delete``)
+  and ``_commit_version``. The table must have been created with ``cdf=True``.
+- ``merge`` materializes its source before merging (a lazily re-evaluated source that reads
+  the target is how Delta MERGE produced duplicates, delta-io/delta#527), runs
+  ``MERGE INTO target AS t USING source AS s ON spec.on`` with the clauses of
+  :class:`MergeSpec` in the order delete, update, insert, and returns its metrics.
+  Conditions are SQL over ``s.`` and ``t.`` that both Spark SQL and DataFusion accept: plain
+  comparisons, ``AND``/``OR``/``NOT``, ``IS NULL``, ``IS DISTINCT FROM``.
+- Nothing here vacuums.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import StructType
+
+
+@dataclass(frozen=True)
+class MergeSpec:
+    """What a MERGE does, independent of the backend.
+
+    Clauses apply in this order: ``WHEN MATCHED AND delete_condition THEN DELETE`` (only if
+    ``delete_condition`` is set), ``WHEN MATCHED [AND update_condition] THEN UPDATE SET *``
+    (only if ``update``), ``WHEN NOT MATCHED [AND insert_condition] THEN INSERT *`` (only if
+    ``insert``). ``SET *``/``INSERT *`` take every target column from the source column of the
+    same name; ``exclude_columns`` names source columns that are only used in conditions and
+    are not written. With ``merge_schema`` new source columns are added to the target.
+    """
+
+    on: str
+    update: bool = True
+    update_condition: str | None = None
+    delete_condition: str | None = None
+    insert: bool = True
+    insert_condition: str | None = None
+    exclude_columns: tuple[str, ...] = ()
+    merge_schema: bool = False
+
+
+@dataclass(frozen=True)
+class WriteMetrics:
+    """What a write did. Counts a backend cannot know are ``None``."""
+
+    version: int
+    rows_inserted: int | None = None
+    rows_updated: int | None = None
+    rows_deleted: int | None = None
+    files_added: int | None = None
+    files_removed: int | None = None
+    files_scanned: int | None = None
+    files_skipped: int | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FileStats:
+    """One data file of a snapshot with its per-column statistics (``None`` where absent)."""
+
+    path: str
+    size_bytes: int
+    num_records: int | None
+    min_values: Mapping[str, Any]
+    max_values: Mapping[str, Any]
+    null_counts: Mapping[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Storage(Protocol):
+    """The narrow seam between a run and its Delta tables."""
+
+    name: str
+    spark: SparkSession
+
+    def exists(self, path: str) -> bool: ...
+
+    def create(
+        self,
+        path: str,
+        schema: StructType,
+        *,
+        cdf: bool = True,
+        properties: Mapping[str, str] | None = None,
+    ) -> bool: ...
+
+    def version(self, path: str) -> int: ...
+
+    def schema(self, path: str) -> StructType: ...
+
+    def read(self, path: str, version: int | None = None, files: Sequence[str] | None = None) -> DataFrame: ...
+
+    def files(self, path: str, version: int | None = None) -> list[FileStats]: ...
+
+    def read_changes(self, path: str, start_version: int, end_version: int | None = None) -> DataFrame: ...
+
+    def append(self, path: str, df: DataFrame, *, merge_schema: bool = False) -> WriteMetrics: ...
+
+    def overwrite(self, path: str, df: DataFrame) -> WriteMetrics: ...
+
+    def merge(self, path: str, source: DataFrame, spec: MergeSpec) -> WriteMetrics: ...
+
+    def delete(self, path: str, predicate: str | None = None) -> WriteMetrics: ...
+
+    def optimize(
+        self, path: str, zorder_by: Sequence[str] | None = None, target_size: int | None = None
+    ) -> WriteMetrics: ...
+
+    def history(self, path: str, limit: int | None = None) -> list[dict[str, Any]]: ...
