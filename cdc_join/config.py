@@ -22,6 +22,8 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # `alias.column` references in a select expression, outside string literals.
 _QUALIFIED = re.compile(r"(?<![\w.`])`?([A-Za-z_][A-Za-z0-9_]*)`?\s*\.\s*`?[A-Za-z_]")
 _STRING_LITERAL = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"")
+# Lambda parameters of higher-order functions: `x -> x.a`, `(acc, x) -> acc + x.a`.
+_LAMBDA_PARAMS = re.compile(r"(?:\(\s*([A-Za-z_][\w\s,]*)\)|\b([A-Za-z_]\w*))\s*->")
 
 CONNECTORS = ("postgresql", "mysql", "sqlserver")
 
@@ -158,23 +160,27 @@ def _is_uri(text: str) -> bool:
 # -- loading ---------------------------------------------------------------------------------
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """A SafeLoader that rejects duplicate mapping keys instead of keeping the last one."""
-
-
-def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    seen: dict[Any, Any] = {}
-    for key_node, value_node in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
-            raise ConfigError(
-                f"duplicate key {key!r} (line {key_node.start_mark.line + 1})", key=str(key)
-            )
-        seen[key] = loader.construct_object(value_node, deep=deep)
-    return seen
-
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+def _check_unique_keys(node: yaml.Node | None, key: str = "", done: set[int] | None = None) -> None:
+    """Reject duplicate mapping keys (YAML would keep the last one), naming the dotted key."""
+    done = set() if done is None else done
+    if node is None or id(node) in done:  # an anchor's node is checked once
+        return
+    done.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        seen: set[tuple[str, str]] = set()
+        for key_node, value_node in node.value:
+            name = str(key_node.value) if isinstance(key_node, yaml.ScalarNode) else "?"
+            child = f"{key}.{name}" if key else name
+            if isinstance(key_node, yaml.ScalarNode):
+                if (key_node.tag, key_node.value) in seen:
+                    raise ConfigError(
+                        f"duplicate key {name!r} (line {key_node.start_mark.line + 1})", key=child
+                    )
+                seen.add((key_node.tag, key_node.value))
+            _check_unique_keys(value_node, child, done)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _check_unique_keys(item, f"{key}[{i}]", done)
 
 
 def load_config(path: str | os.PathLike[str], *, check_paths: bool = True) -> PipelineConfig:
@@ -196,9 +202,10 @@ def load_config(path: str | os.PathLike[str], *, check_paths: bool = True) -> Pi
     except OSError as e:
         raise ConfigError(f"cannot read config: {e.strerror}", path=cfg_path) from e
     try:
-        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - SafeLoader subclass
+        _check_unique_keys(yaml.compose(text, Loader=yaml.SafeLoader))
+        raw = yaml.safe_load(text)
     except ConfigError as e:
-        raise ConfigError(str(e).split(": ", 1)[-1], key=e.key, path=cfg_path) from None
+        raise ConfigError(_bare_message(e), key=e.key, path=cfg_path) from None
     except yaml.YAMLError as e:
         raise ConfigError(f"not valid YAML: {e}", path=cfg_path) from e
     try:
@@ -309,7 +316,8 @@ def _joins(raw: Any, sources: Mapping[str, SourceConfig], left: str) -> tuple[Jo
         right_pk = sources[right].primary_key
         if len(fk) != len(right_pk):
             raise ConfigError(
-                f"has {len(fk)} column(s) but {right!r} has a primary key of {len(right_pk)}: {list(right_pk)}",
+                f"has {len(fk)} column(s) but {right!r} has a primary key of "
+                f"{len(right_pk)}: {list(right_pk)}",
                 key=f"{key}.foreign_key",
             )
         type_text = spec.get("type", "inner")
@@ -344,9 +352,13 @@ def _select(raw: Any, aliases: set[str]) -> tuple[tuple[str, str], ...]:
             raise ConfigError(f"duplicate output column (also {lowered[str(column).lower()]!r})", key=key)
         lowered[str(column).lower()] = str(column)
         text = _string(expr, key)
-        unknown = sorted({m for m in _QUALIFIED.findall(_STRING_LITERAL.sub("''", text))} - aliases)
+        code = _STRING_LITERAL.sub("''", text)
+        params = {p.strip() for m in _LAMBDA_PARAMS.findall(code) for p in ",".join(m).split(",")}
+        unknown = sorted(set(_QUALIFIED.findall(code)) - aliases - params)
         if unknown:
-            raise ConfigError(f"refers to unknown source alias(es) {unknown}; known: {sorted(aliases)}", key=key)
+            raise ConfigError(
+                f"refers to unknown source alias(es) {unknown}; known: {sorted(aliases)}", key=key
+            )
         out.append((str(column), text))
     return tuple(out)
 

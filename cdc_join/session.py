@@ -29,7 +29,9 @@ def get_spark(app_name: str = "cdc_join", extra_conf: dict[str, str] | None = No
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
-    builder = SparkSession.builder.appName(app_name).master(os.environ.get("CDC_JOIN_SPARK_MASTER", "local[2]"))
+    builder = SparkSession.builder.appName(app_name).master(
+        os.environ.get("CDC_JOIN_SPARK_MASTER", "local[2]")
+    )
     for key, value in {**LOCAL_DEFAULTS, **(extra_conf or {})}.items():
         builder = builder.config(key, value)
     if os.environ.get("CDC_JOIN_STORAGE") == "delta-spark":

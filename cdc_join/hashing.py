@@ -1,0 +1,88 @@
+"""The left-value hash of KIP-213, computed with Spark built-ins and reproducible in Python.
+
+A response carries the hash of the left row it was computed for; resolve compares it with the
+hash of the current left row and drops the response when they differ ("stale and should be
+discarded"). Both sides must therefore agree on a canonical byte encoding of a row:
+
+    for each column, in order of name, whose value is not null:
+        uint32_be(len(name)) || name || uint32_be(len(text)) || text
+
+where ``text`` is the UTF-8 of the value's canonical text (see :func:`canonical_text`). A null
+column contributes nothing, and the column name is part of the encoding, so ``(a=null, b='x')``
+and ``(a='x', b=null)`` differ, and adding a column that is null everywhere (schema evolution)
+changes no existing hash. The hash is Spark's ``xxhash64`` of those bytes, which equals
+``xxhash.xxh64_intdigest(encoding, seed=42)`` read as a signed 64-bit integer.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import xxhash
+from pyspark.sql import Column
+from pyspark.sql import functions as F
+from pyspark.sql.types import ArrayType, BinaryType, DataType, MapType, StructField, StructType
+
+SPARK_XXHASH_SEED = 42
+
+
+def canonical_text(column: Column, data_type: DataType) -> Column:
+    """The canonical text of a value: hex for binary, JSON for nested types, else CAST AS STRING."""
+    if isinstance(data_type, BinaryType):
+        return F.hex(column)
+    if isinstance(data_type, (StructType, ArrayType, MapType)):
+        return F.to_json(column)
+    return column.cast("string")
+
+
+def _length_prefix(text: Column) -> Column:
+    return F.unhex(F.lpad(F.hex(F.octet_length(text)), 8, "0"))
+
+
+def encoding(fields: Sequence[StructField], prefix: str = "") -> Column:
+    """The canonical null-aware byte encoding of a row made of ``fields`` (a BINARY column)."""
+    parts = []
+    for f in sorted(fields, key=lambda f: f.name):
+        value = F.col(f"{prefix}`{f.name}`")
+        text = canonical_text(value, f.dataType)
+        name = F.lit(f.name.encode("utf-8"))
+        part = F.concat(
+            F.lit(struct.pack(">I", len(f.name.encode("utf-8")))),
+            name,
+            _length_prefix(text),
+            F.encode(text, "UTF-8"),
+        )
+        parts.append(F.when(value.isNotNull(), part).otherwise(F.lit(b"")))
+    if not parts:
+        return F.lit(b"")
+    return F.concat(*parts)
+
+
+def row_hash(fields: Sequence[StructField], prefix: str = "") -> Column:
+    """xxHash64 (signed, seed 42) of :func:`encoding` — the value hash stored with every row."""
+    return F.xxhash64(encoding(fields, prefix))
+
+
+def python_encoding(row: Mapping[str, Any]) -> bytes:
+    """The same encoding as :func:`encoding`, for rows whose values are already canonical text.
+
+    Values must be given as the text Spark's canonical form produces (``str(int)``, the string
+    itself, ...); ``None`` means null.
+    """
+    out = bytearray()
+    for name in sorted(row):
+        value = row[name]
+        if value is None:
+            continue
+        name_b = name.encode("utf-8")
+        text_b = str(value).encode("utf-8")
+        out += struct.pack(">I", len(name_b)) + name_b + struct.pack(">I", len(text_b)) + text_b
+    return bytes(out)
+
+
+def python_row_hash(row: Mapping[str, Any]) -> int:
+    """xxHash64 of :func:`python_encoding`, as the signed 64-bit integer Spark returns."""
+    unsigned = xxhash.xxh64_intdigest(python_encoding(row), seed=SPARK_XXHASH_SEED)
+    return unsigned - (1 << 64) if unsigned >= 1 << 63 else unsigned

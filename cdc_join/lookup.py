@@ -1,0 +1,207 @@
+"""Lookups that turn changes into responses (KIP-213 SubscriptionResponseWrapper).
+
+Two paths produce responses ``(pk, fk, lhs hash, right row or null, propagate-if-null)``:
+
+- left-driven: a subscribing instruction looks up its new fk in the right state;
+- right-driven: a changed right key finds its subscribers with a prefix-range read of the
+  subscription table, the batch form of RocksDB's prefix scan on ``CombinedKey(fk, pk)``.
+
+Every keyed read goes through :func:`read_matching`, which keeps only the data files whose
+min/max statistics of the first key column can contain one of the wanted keys. The
+subscription table is clustered by fk, so a few changed right keys read a few files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import BooleanType, StringType, StructField, StructType
+
+from cdc_join.config import JoinConfig, SourceConfig
+from cdc_join.state import DELETED, SEQ, value_fields
+from cdc_join.storage import Storage
+from cdc_join.subscription import INSTRUCTION, LHS_HASH, Instruction, fk_columns, pk_columns
+
+RIGHT = "_right"
+RIGHT_SEQ = "_right_seq"
+PROPAGATE_IF_NULL = "_propagate_if_null"
+ORIGIN = "_origin"
+
+
+@dataclass(frozen=True)
+class ScanStats:
+    """Files a keyed read opened and skipped."""
+
+    files_scanned: int
+    files_total: int
+
+    @property
+    def files_skipped(self) -> int:
+        return self.files_total - self.files_scanned
+
+    def __add__(self, other: ScanStats) -> ScanStats:
+        return ScanStats(self.files_scanned + other.files_scanned, self.files_total + other.files_total)
+
+
+def read_matching(
+    storage: Storage,
+    path: str,
+    keys: DataFrame,
+    on: Sequence[tuple[str, str]],
+    version: int | None = None,
+) -> tuple[DataFrame, ScanStats]:
+    """Rows of the table at ``path`` whose columns equal a row of ``keys``.
+
+    Args:
+        storage: the storage seam.
+        path: the table.
+        keys: the wanted keys (a change set; may hold duplicates).
+        on: pairs ``(table column, keys column)``; the first pair drives file skipping.
+        version: read this version instead of the latest.
+
+    Returns:
+        The matching table rows and how many files were scanned out of how many.
+    """
+    files = storage.files(path, version)
+    schema = storage.schema(path)
+    if not files:
+        return storage.read(path, version).limit(0), ScanStats(0, 0)
+    selected = _candidate_files(storage, files, schema, keys, on[0])
+    table = storage.read(path, version, files=selected) if selected else storage.read(path, version).limit(0)
+    cond = [table[f"`{t}`"].eqNullSafe(keys[f"`{k}`"]) for t, k in on]
+    matched = table.join(keys.select(*[F.col(f"`{k}`") for _, k in on]).distinct(), cond, "left_semi")
+    return matched, ScanStats(len(selected), len(files))
+
+
+def _candidate_files(
+    storage: Storage, files: list, schema: StructType, keys: DataFrame, first: tuple[str, str]
+) -> list[str]:
+    """Paths of the files whose [min, max] of the first key column contains some wanted key.
+
+    The file list is small (one row per data file) and joined to the keys in Spark, so only
+    the list of candidate paths, bounded by the file count, comes back to the driver.
+    """
+    column, key_column = first
+    data_type = schema[column].dataType
+    with_stats = [
+        f for f in files if f.min_values.get(column) is not None and f.max_values.get(column) is not None
+    ]
+    without_stats = [f.path for f in files if f not in with_stats]
+    if not with_stats:
+        return without_stats
+    ranges = storage.spark.createDataFrame(
+        [(f.path, f.min_values[column], f.max_values[column]) for f in with_stats],
+        StructType(
+            [StructField("path", StringType()), StructField("lo", data_type), StructField("hi", data_type)]
+        ),
+    )
+    wanted = keys.select(F.col(f"`{key_column}`").cast(data_type).alias("k")).distinct()
+    hits = F.broadcast(ranges).join(wanted, (wanted.k >= ranges.lo) & (wanted.k <= ranges.hi))
+    return sorted({r.path for r in hits.select("path").distinct().collect()} | set(without_stats))
+
+
+def right_rows(
+    storage: Storage,
+    path: str,
+    right: SourceConfig,
+    keys: DataFrame,
+    key_columns: Sequence[str],
+    version: int | None,
+) -> tuple[DataFrame, ScanStats]:
+    """Live right-state rows whose primary key equals ``keys[key_columns]``, as ``_right`` structs.
+
+    Returns ``key_columns…, _right, _right_seq`` for the keys that name a live right row.
+    """
+    rows, stats = read_matching(
+        storage, path, keys, list(zip(right.primary_key, key_columns, strict=False)), version
+    )
+    live = rows.filter(~F.col(DELETED))
+    values = value_fields(live.schema)
+    return (
+        live.select(
+            *[F.col(f"`{pk}`").alias(k) for pk, k in zip(right.primary_key, key_columns, strict=False)],
+            F.struct(*[F.col(f"`{f.name}`") for f in values]).alias(RIGHT),
+            F.col(SEQ).alias(RIGHT_SEQ),
+        ),
+        stats,
+    )
+
+
+def left_driven_responses(
+    storage: Storage,
+    right_state: str,
+    right_version: int | None,
+    messages: DataFrame,
+    left: SourceConfig,
+    join: JoinConfig,
+    right: SourceConfig,
+) -> tuple[DataFrame, ScanStats]:
+    """Responses to the instructions that propagate: the right row for the new fk, or null.
+
+    ``DELETE_KEY_AND_PROPAGATE`` answers with a null right row; ``DELETE_KEY_NO_PROPAGATE``
+    only unsubscribes and gets no response.
+    """
+    fks = fk_columns(join)
+    propagating = messages.filter(F.col(INSTRUCTION) != Instruction.DELETE_KEY_NO_PROPAGATE.value)
+    found, stats = right_rows(storage, right_state, right, propagating.select(*fks), fks, right_version)
+    found = found.dropDuplicates(fks)
+    responses = propagating.join(found, [propagating[c].eqNullSafe(found[c]) for c in fks], "left").select(
+        *[propagating[c] for c in pk_columns(left)],
+        *[propagating[c] for c in fks],
+        propagating[LHS_HASH],
+        propagating[INSTRUCTION],
+        found[RIGHT],
+        found[RIGHT_SEQ],
+        (propagating[INSTRUCTION] != Instruction.PROPAGATE_ONLY_IF_FK_VAL_AVAILABLE.value).alias(
+            PROPAGATE_IF_NULL
+        ),
+        F.lit("left").alias(ORIGIN),
+    )
+    return responses, stats
+
+
+def changed_right_keys(right_changes: DataFrame, right: SourceConfig, join: JoinConfig) -> DataFrame:
+    """Distinct primary keys of changed right rows, renamed to the join's ``fk_*`` columns."""
+    return right_changes.select(
+        *[F.col(f"`{pk}`").alias(fk) for pk, fk in zip(right.primary_key, fk_columns(join), strict=False)]
+    ).distinct()
+
+
+def right_driven_responses(
+    storage: Storage,
+    subscription: str,
+    subscription_version: int | None,
+    right_state: str,
+    right_version: int | None,
+    changed_keys: DataFrame,
+    left: SourceConfig,
+    join: JoinConfig,
+    right: SourceConfig,
+) -> tuple[DataFrame, ScanStats, ScanStats]:
+    """Responses for every subscriber of a changed right key (prefix-range lookup).
+
+    Args:
+        changed_keys: ``fk_*`` columns, one row per changed right key.
+
+    Returns:
+        The responses, and the scan statistics of the subscription and right-state reads.
+    """
+    fks = fk_columns(join)
+    subscribers, sub_stats = read_matching(
+        storage, subscription, changed_keys, [(c, c) for c in fks], subscription_version
+    )
+    found, right_stats = right_rows(storage, right_state, right, changed_keys, fks, right_version)
+    responses = subscribers.join(found, fks, "left").select(
+        *[F.col(c) for c in pk_columns(left)],
+        *[F.col(c) for c in fks],
+        F.col(LHS_HASH),
+        F.lit(None).cast(StringType()).alias(INSTRUCTION),
+        F.col(RIGHT),
+        F.col(RIGHT_SEQ),
+        F.lit(True).cast(BooleanType()).alias(PROPAGATE_IF_NULL),
+        F.lit("right").alias(ORIGIN),
+    )
+    return responses, sub_stats, right_stats

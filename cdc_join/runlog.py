@@ -1,0 +1,171 @@
+"""The run log, whose newest row is the checkpoint, and the lock that keeps runs apart.
+
+A run commits its run-log row last. The row records, per source, the last bronze version
+applied to state, the state version the join has processed, and the truncate watermark. A run
+killed before that commit leaves the previous checkpoint in place, so the rerun reprocesses the
+same changes through idempotent, sequence-guarded MERGEs and ends where an uninterrupted run
+would have.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import functions as F
+from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
+
+from cdc_join.config import PipelineConfig
+from cdc_join.errors import ConcurrentRunError
+from cdc_join.storage import Storage
+
+RUNS_SCHEMA = StructType(
+    [
+        StructField("run_id", LongType(), False),
+        StructField("kind", StringType(), False),
+        StructField("started_at", TimestampType(), True),
+        StructField("finished_at", TimestampType(), True),
+        StructField("seconds", StringType(), True),
+        StructField("checkpoint", StringType(), False),
+        StructField("report", StringType(), True),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """What the last completed run processed."""
+
+    run_id: int = 0
+    bronze_versions: Mapping[str, int] = field(default_factory=dict)
+    state_versions: Mapping[str, int] = field(default_factory=dict)
+    watermarks: Mapping[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "run_id": self.run_id,
+                "bronze_versions": dict(self.bronze_versions),
+                "state_versions": dict(self.state_versions),
+                "watermarks": dict(self.watermarks),
+            },
+            sort_keys=True,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> Checkpoint:
+        raw = json.loads(text)
+        return cls(
+            run_id=int(raw["run_id"]),
+            bronze_versions={k: int(v) for k, v in raw.get("bronze_versions", {}).items()},
+            state_versions={k: int(v) for k, v in raw.get("state_versions", {}).items()},
+            watermarks=dict(raw.get("watermarks", {})),
+        )
+
+
+def last_checkpoint(storage: Storage, config: PipelineConfig) -> Checkpoint:
+    """The checkpoint of the newest completed run, or an empty one before the first run."""
+    if not storage.exists(config.runs_path):
+        return Checkpoint()
+    row = storage.read(config.runs_path).orderBy(F.col("run_id").desc()).select("checkpoint").first()
+    return Checkpoint.from_json(row["checkpoint"]) if row is not None else Checkpoint()
+
+
+def commit_run(
+    storage: Storage,
+    config: PipelineConfig,
+    checkpoint: Checkpoint,
+    kind: str,
+    started_at: datetime,
+    report: Mapping[str, Any],
+) -> None:
+    """Append the run's row — report and checkpoint in one commit, the run's last write."""
+    finished = datetime.now(timezone.utc)
+    row = (
+        checkpoint.run_id,
+        kind,
+        started_at,
+        finished,
+        f"{(finished - started_at).total_seconds():.3f}",
+        checkpoint.to_json(),
+        json.dumps(report, sort_keys=True, default=str),
+    )
+    storage.create(config.runs_path, RUNS_SCHEMA, cdf=False)
+    storage.append(config.runs_path, storage.spark.createDataFrame([row], RUNS_SCHEMA))
+
+
+@contextlib.contextmanager
+def run_lock(config: PipelineConfig) -> Iterator[None]:
+    """Hold the pipeline's lock for the duration of a run; a second run fails fast.
+
+    The lock is a file created with O_EXCL under the pipeline's internal folder (local lakes).
+    A lock left by a process that no longer exists on this host is taken over. For lakes on
+    object stores, where no atomic create-if-absent exists here, rely on the scheduler running
+    one instance at a time (the bundle's jobs set ``max_concurrent_runs: 1``).
+    """
+    path = config.lock_path
+    if "://" in path or path.startswith("dbfs:"):
+        yield
+        return
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    _acquire(path)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+def _acquire(path: str) -> None:
+    owner = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            holder = _holder(path)
+            if holder is not None and _is_dead(holder):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+                continue
+            raise ConcurrentRunError(
+                f"another run of this pipeline holds {path} ({_describe(holder)}); "
+                "wait for it to finish, or delete the file if that process is gone"
+            ) from None
+        with os.fdopen(fd, "w") as f:
+            json.dump(owner, f)
+        return
+    raise ConcurrentRunError(f"could not take the lock {path}")
+
+
+def _holder(path: str) -> dict[str, Any] | None:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _is_dead(holder: Mapping[str, Any]) -> bool:
+    if holder.get("host") != socket.gethostname():
+        return False
+    try:
+        os.kill(int(holder["pid"]), 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, KeyError, ValueError):
+        return False
+    return False
+
+
+def _describe(holder: Mapping[str, Any] | None) -> str:
+    if holder is None:
+        return "owner unknown"
+    since = datetime.fromtimestamp(float(holder.get("since", 0)), timezone.utc).isoformat(timespec="seconds")
+    return f"pid {holder.get('pid')} on {holder.get('host')} since {since}"
