@@ -1,0 +1,723 @@
+"""The embedded storage backend: Delta tables through delta-rs (``deltalake``), compute in Spark.
+
+Used where Spark has no Delta jars (a laptop, CI without a Maven repository). How each operation
+maps onto delta-rs:
+
+- Reads hand Spark the snapshot's data files as plain parquet with the table's schema, so Spark
+  scans them in parallel and fills columns a file predates with nulls. That is only correct for
+  tables whose files are the whole truth: unpartitioned, no column mapping, no deletion vectors.
+  Tables that are not are refused with :class:`~cdc_join.errors.StorageError` instead of being
+  read wrong (this project never creates such tables; delta-rs does not write deletion vectors).
+- Writes collect the Spark DataFrame to the driver as Arrow (``DataFrame.toArrow``) and commit it
+  with delta-rs. This is also what materializes a MERGE source before the merge. Appends and
+  overwrites therefore hold the whole batch in driver memory; the change sets this project
+  merges are small, and the initial loads it appends are bounded by the driver's memory.
+- Change Data Feed comes from ``DeltaTable.load_cdf`` and is handed to Spark as Arrow.
+
+Schemas convert through JSON: a Delta ``schemaString`` *is* Spark's ``StructType`` JSON, so
+``timestamp``/``timestamp_ntz``, decimals, nested types, nullability and field metadata survive
+both directions exactly.
+
+Quirks of delta-rs 1.6 this module works around (the contract tests cover their effects):
+
+- ``write_deltalake`` returns no metrics; they come from the commit's ``operationMetrics``.
+- On a table with Change Data Feed and a NOT NULL column, a MERGE whose conditional insert
+  skips an unmatched source row while inserting another fails with "rows failed validation
+  check": delta-rs writes an all-null change-data row for the skipped one. Such rows are
+  no-ops, so they are dropped from the source first (see ``_drop_unmatched_uninsertable``).
+- MERGE's ``num_target_files_added`` counts change-data files too and is not always equal to
+  the add actions it commits; file counts are therefore taken from the snapshot difference.
+- MERGE with ``merge_schema=True`` rewrites the table schema even when the source brings no
+  new column, relaxing NOT NULL columns to nullable from the (always nullable) Spark source; it
+  is only passed when there is a column to add, with the source's nullability aligned first.
+- ``load_cdf`` raises when the start version is past the latest version and silently clamps an
+  end version past it; the range is clamped here and an empty range returns an empty frame.
+- CDF batches use Arrow view types (``string_view``, ``binary_view``) that Spark cannot ingest,
+  ``_commit_version`` is ``uint64`` and ``_commit_timestamp`` is a zone-less millisecond
+  timestamp; the batch is cast to the table's types and ``_commit_timestamp`` is dropped (the
+  delta-spark backend drops it as well).
+- ``file_uris`` percent-encodes a table root with spaces, which Spark then cannot find; data
+  file locations are built here from the table root and the add actions' relative paths.
+- Decimal statistics are logged as JSON doubles (rounded past 15 digits) and timestamp
+  statistics are truncated to milliseconds; :meth:`DeltaRsStorage.files` reports no statistics
+  for decimals wider than 15 digits and widens timestamp maximums, so statistics stay bounds.
+- Some malformed paths make delta-rs panic with ``pyo3_runtime.PanicException`` (a
+  ``BaseException``); it is turned into ``StorageError`` like every other delta-rs error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
+from typing import Any
+from urllib.parse import unquote
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable, QueryBuilder, write_deltalake
+from deltalake import Schema as DeltaSchema
+from deltalake.exceptions import DeltaError
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import (
+    ArrayType,
+    DataType,
+    DecimalType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+)
+
+from cdc_join.errors import StorageError
+from cdc_join.storage.base import FileStats, MergeSpec, WriteMetrics
+
+CHANGE_TYPE = "_change_type"
+COMMIT_VERSION = "_commit_version"
+# A double holds 15 significant decimal digits exactly.
+_DOUBLE_EXACT_DIGITS = 15
+_ROW_COLUMN = "__cdc_join_row"
+_HIT_COLUMN = "__cdc_join_hit"
+_SOURCE_NAME = "cdc_join_merge_source"
+_TARGET_NAME = "cdc_join_merge_target"
+
+
+@contextmanager
+def _delta_errors(action: str, path: str) -> Iterator[None]:
+    """Re-raise delta-rs failures as :class:`StorageError` naming the action and the table."""
+    try:
+        yield
+    except StorageError:
+        raise
+    except DeltaError as exc:
+        raise StorageError(f"delta-rs could not {action} the Delta table at {path}: {exc}") from exc
+    except BaseException as exc:
+        # A Rust panic surfaces as pyo3_runtime.PanicException, which derives from BaseException
+        # and has no importable class; match it by name so KeyboardInterrupt etc. pass through.
+        if type(exc).__name__ == "PanicException":
+            raise StorageError(f"delta-rs failed to {action} the Delta table at {path}: {exc}") from exc
+        raise
+
+
+def _strip_file_scheme(uri: str) -> str:
+    """``file:///a/b``, ``file:/a/b`` → ``/a/b``."""
+    rest = uri[len("file:") :]
+    if rest.startswith("//"):
+        rest = rest[2:]
+    return rest
+
+
+def table_root(path: str | os.PathLike[str]) -> str:
+    """Normalize a table location: local paths and ``file:`` URIs become absolute local paths.
+
+    Other URIs (object stores) are returned unchanged apart from a trailing slash.
+    """
+    text = os.fspath(path)
+    if text.startswith("file:"):
+        return os.path.abspath(_strip_file_scheme(text))
+    if "://" in text:
+        return text.rstrip("/")
+    return os.path.abspath(text)
+
+
+def _is_local(root: str) -> bool:
+    return "://" not in root
+
+
+def spark_file_uri(root: str, relative_or_absolute: str) -> str:
+    """The location of one data file as Spark should be given it.
+
+    Args:
+        root: a normalized table root (see :func:`table_root`).
+        relative_or_absolute: an add action's ``path``: URI-encoded, relative to the root
+            unless it carries a scheme.
+
+    Returns:
+        ``file://`` plus the absolute local path for local tables (an explicit scheme, so a
+        cluster whose default filesystem is not local still reads the local file), else the
+        object-store URI.
+    """
+    if "://" in relative_or_absolute or relative_or_absolute.startswith("file:"):
+        if relative_or_absolute.startswith("file:"):
+            return "file://" + unquote(_strip_file_scheme(relative_or_absolute))
+        return relative_or_absolute
+    decoded = unquote(relative_or_absolute)
+    if _is_local(root):
+        return "file://" + os.path.join(root, decoded)
+    return f"{root}/{decoded}"
+
+
+def _file_key(root: str, file: str) -> str:
+    """A comparable key for a data file named in any of the accepted forms."""
+    if file.startswith("file:"):
+        return os.path.normpath(_strip_file_scheme(file))
+    if "://" in file:
+        return file
+    if os.path.isabs(file):
+        return os.path.normpath(file)
+    return _file_key(root, spark_file_uri(root, file))
+
+
+def delta_schema_to_spark(schema_json: str) -> StructType:
+    """A Delta ``schemaString`` as a Spark ``StructType`` (the two share one JSON format)."""
+    return StructType.fromJson(json.loads(schema_json))
+
+
+def spark_schema_to_delta(schema: StructType) -> DeltaSchema:
+    """A Spark ``StructType`` as a delta-rs schema, via the shared JSON format."""
+    return DeltaSchema.from_json(schema.json())
+
+
+def as_nullable(data_type: DataType) -> DataType:
+    """``data_type`` with every field, element and value nullable, as Spark's file sources read."""
+    if isinstance(data_type, StructType):
+        return StructType(
+            [StructField(f.name, as_nullable(f.dataType), True, f.metadata) for f in data_type.fields]
+        )
+    if isinstance(data_type, ArrayType):
+        return ArrayType(as_nullable(data_type.elementType), True)
+    if isinstance(data_type, MapType):
+        return MapType(as_nullable(data_type.keyType), as_nullable(data_type.valueType), True)
+    return data_type
+
+
+def nullable_struct(schema: StructType) -> StructType:
+    """:func:`as_nullable` for a whole schema."""
+    result = as_nullable(schema)
+    assert isinstance(result, StructType)
+    return result
+
+
+def change_feed_schema(table_schema: StructType) -> StructType:
+    """The schema :meth:`Storage.read_changes` returns for a table of ``table_schema``."""
+    fields = list(nullable_struct(table_schema).fields)
+    fields += [StructField(CHANGE_TYPE, StringType(), True), StructField(COMMIT_VERSION, LongType(), True)]
+    return StructType(fields)
+
+
+def _to_int(value: Any) -> int | None:
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def stat_upper_bound(data_type: DataType, value: Any) -> Any:
+    """A column maximum from the Delta log, made a true upper bound.
+
+    Delta writers (delta-spark and delta-rs alike) store timestamp statistics truncated to
+    milliseconds, so a file's real maximum can exceed the logged one by up to 999 µs.
+    """
+    if value is None:
+        return None
+    if isinstance(data_type, (TimestampType, TimestampNTZType)) and isinstance(value, datetime):
+        return value + timedelta(microseconds=999)
+    return value
+
+
+def _has_not_null(data_type: pa.DataType | pa.Schema) -> bool:
+    fields: list[pa.Field]
+    if isinstance(data_type, pa.Schema):
+        fields = list(data_type)
+    elif pa.types.is_struct(data_type):
+        fields = [data_type.field(i) for i in range(data_type.num_fields)]
+    elif pa.types.is_list(data_type) or pa.types.is_large_list(data_type) or pa.types.is_map(data_type):
+        return (
+            _has_not_null(data_type.value_type)
+            if not pa.types.is_map(data_type)
+            else (_has_not_null(data_type.item_type) or not data_type.item_field.nullable)
+        )
+    else:
+        return False
+    return any(not f.nullable or _has_not_null(f.type) for f in fields)
+
+
+def _needs_insert_filter(dt: DeltaTable, target: pa.Schema) -> bool:
+    """Whether a conditional insert hits delta-rs's change-data NOT NULL bug on this table."""
+    cdf = dt.metadata().configuration.get("delta.enableChangeDataFeed", "false").lower() == "true"
+    return cdf and _has_not_null(target)
+
+
+def normalize_history_entry(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """One commit of :meth:`Storage.history` in the backend-independent shape.
+
+    Keys: ``version`` (int), ``timestamp`` (aware UTC ``datetime``), ``operation`` (str),
+    ``operationParameters`` (dict of str), ``operationMetrics`` (dict; integer-valued metrics
+    as ``int``). Metric names are the backend's own (delta-rs: ``num_target_rows_inserted``,
+    delta-spark: ``numTargetRowsInserted``).
+    """
+    ts = entry.get("timestamp")
+    if isinstance(ts, (int, float)):
+        when: datetime | None = datetime.fromtimestamp(ts / 1000, tz=timezone.utc)
+    elif isinstance(ts, datetime):
+        when = ts if ts.tzinfo else ts.replace(tzinfo=timezone.utc)
+    else:
+        when = None
+    params = {
+        str(k): v if isinstance(v, str) else json.dumps(v)
+        for k, v in (entry.get("operationParameters") or {}).items()
+    }
+    metrics: dict[str, Any] = {}
+    for key, value in (entry.get("operationMetrics") or {}).items():
+        as_int = _to_int(value) if isinstance(value, (int, str)) and not isinstance(value, bool) else None
+        metrics[str(key)] = as_int if as_int is not None else value
+    return {
+        "version": int(entry["version"]),
+        "timestamp": when,
+        "operation": entry.get("operation"),
+        "operationParameters": params,
+        "operationMetrics": metrics,
+    }
+
+
+class DeltaRsStorage:
+    """:class:`~cdc_join.storage.base.Storage` on delta-rs; Spark reads the parquet files.
+
+    Args:
+        spark: the session reads and change feeds are returned in.
+        storage_options: passed through to delta-rs for object stores (not used locally).
+    """
+
+    name = "delta-rs"
+
+    def __init__(self, spark: SparkSession, storage_options: dict[str, str] | None = None) -> None:
+        self.spark = spark
+        self.storage_options = storage_options
+
+    # ------------------------------------------------------------------ helpers
+
+    def _load(self, path: str, version: int | None = None) -> DeltaTable:
+        root = table_root(path)
+        with _delta_errors("open" if version is None else f"open version {version} of", path):
+            if not DeltaTable.is_deltatable(root, self.storage_options):
+                raise StorageError(f"No Delta table at {path}")
+            return DeltaTable(root, version=version, storage_options=self.storage_options)
+
+    @staticmethod
+    def _spark_schema(dt: DeltaTable) -> StructType:
+        return delta_schema_to_spark(dt.schema().to_json())
+
+    def _check_plain_parquet(self, dt: DeltaTable, path: str) -> None:
+        """Refuse tables whose parquet files alone do not give the right rows."""
+        meta = dt.metadata()
+        if meta.partition_columns:
+            raise StorageError(
+                f"The Delta table at {path} is partitioned by {meta.partition_columns}; the delta-rs "
+                "backend reads unpartitioned tables only"
+            )
+        mode = meta.configuration.get("delta.columnMapping.mode", "none")
+        if mode != "none":
+            raise StorageError(
+                f"The Delta table at {path} uses column mapping ({mode}); the delta-rs backend cannot "
+                "read its parquet files directly. Use the delta-spark backend."
+            )
+        if "deletionVectors" in (dt.protocol().reader_features or []):
+            with _delta_errors("list the deletion vectors of", path):
+                has_dvs = pa.table(dt.deletion_vectors()).num_rows > 0
+            if has_dvs:
+                raise StorageError(
+                    f"The Delta table at {path} has deletion vectors; reading its parquet files would "
+                    "return deleted rows. Use the delta-spark backend, or rewrite the table without "
+                    "deletion vectors (REORG TABLE ... APPLY (PURGE))."
+                )
+
+    def _add_actions(self, dt: DeltaTable, path: str) -> list[dict[str, Any]]:
+        with _delta_errors("list the files of", path):
+            return pa.table(dt.get_add_actions(flatten=True)).to_pylist()
+
+    def _file_records(self, dt: DeltaTable, path: str) -> dict[str, int | None]:
+        """Data files of the loaded snapshot → their row counts."""
+        root = table_root(path)
+        return {
+            spark_file_uri(root, row["path"]): row.get("num_records") for row in self._add_actions(dt, path)
+        }
+
+    def _metrics_after(
+        self,
+        path: str,
+        before_version: int,
+        before: Mapping[str, int | None],
+        raw: Mapping[str, Any] | None = None,
+        *,
+        rows_inserted: int | None = None,
+        rows_updated: int | None = None,
+        rows_deleted: int | None = None,
+        files_scanned: int | None = None,
+        files_skipped: int | None = None,
+        count_removed_rows: bool = False,
+    ) -> WriteMetrics:
+        """Metrics of the write just done: version and file counts from the new snapshot.
+
+        A write that committed nothing (a MERGE that changed no row) keeps ``before_version``.
+
+        With ``count_removed_rows`` and no ``rows_deleted``, the rows deleted are the row
+        counts of the files the write removed (right for writes that drop whole files).
+        """
+        dt = self._load(path)
+        after = self._file_records(dt, path)
+        version = dt.version()
+        removed = before.keys() - after.keys()
+        if count_removed_rows and rows_deleted is None:
+            counts = [before[f] for f in removed]
+            rows_deleted = None if any(c is None for c in counts) else sum(int(c or 0) for c in counts)
+        extra: dict[str, Any] = {}
+        if raw is None and version != before_version:
+            # write_deltalake returns nothing: read the commit's own metrics back.
+            with _delta_errors("read the history of", path):
+                last = dt.history(1)
+            if last and last[0].get("version") == version:
+                raw = last[0].get("operationMetrics") or {}
+                extra["operation"] = last[0].get("operation")
+        extra["metrics"] = dict(raw or {})
+        return WriteMetrics(
+            version=version,
+            rows_inserted=rows_inserted,
+            rows_updated=rows_updated,
+            rows_deleted=rows_deleted,
+            files_added=len(after.keys() - before.keys()),
+            files_removed=len(removed),
+            files_scanned=files_scanned,
+            files_skipped=files_skipped,
+            extra=extra,
+        )
+
+    def _source_arrow(self, df: DataFrame, target: pa.Schema | None) -> pa.Table:
+        """Collect ``df`` as Arrow, declaring NOT NULL where the target column is NOT NULL.
+
+        Spark marks most columns nullable; delta-rs then relaxes NOT NULL target columns when
+        it merges schemas. A column that really holds nulls keeps its nullable flag, so
+        delta-rs still rejects the write instead of storing nulls in a NOT NULL column.
+        """
+        table = df.toArrow()
+        if target is None:
+            return table
+        fields = []
+        changed = False
+        for field in table.schema:
+            idx = target.get_field_index(field.name)
+            if (
+                idx >= 0
+                and not target.field(idx).nullable
+                and field.nullable
+                and table[field.name].null_count == 0
+            ):
+                field = field.with_nullable(False)
+                changed = True
+            fields.append(field)
+        if not changed:
+            return table
+        return pa.Table.from_arrays(table.columns, schema=pa.schema(fields, metadata=table.schema.metadata))
+
+    # ------------------------------------------------------------------ protocol
+
+    def exists(self, path: str) -> bool:
+        """Whether a Delta table is at ``path``."""
+        with _delta_errors("probe", path):
+            return DeltaTable.is_deltatable(table_root(path), self.storage_options)
+
+    def create(
+        self,
+        path: str,
+        schema: StructType,
+        *,
+        cdf: bool = True,
+        properties: Mapping[str, str] | None = None,
+    ) -> bool:
+        """Create an empty table if none is at ``path``; return whether this call created it."""
+        if self.exists(path):
+            return False
+        config: dict[str, str | None] = dict(properties or {})
+        if cdf:
+            config["delta.enableChangeDataFeed"] = "true"
+        root = table_root(path)
+        try:
+            delta_schema = spark_schema_to_delta(schema)
+        except Exception as exc:
+            raise StorageError(f"Cannot create the Delta table at {path}: unsupported schema: {exc}") from exc
+        try:
+            with _delta_errors("create", path):
+                DeltaTable.create(
+                    root,
+                    delta_schema,
+                    mode="error",
+                    configuration=config,
+                    storage_options=self.storage_options,
+                    raise_if_key_not_exists=False,
+                )
+        except StorageError:
+            # Lost a race with another creator: the table is there now, and it is not ours.
+            if self.exists(path):
+                return False
+            raise
+        return True
+
+    def version(self, path: str) -> int:
+        """The latest version of the table."""
+        return self._load(path).version()
+
+    def schema(self, path: str) -> StructType:
+        """The table's current schema (nullability as declared in the table)."""
+        return self._spark_schema(self._load(path))
+
+    def read(self, path: str, version: int | None = None, files: Sequence[str] | None = None) -> DataFrame:
+        """The snapshot at ``version`` (default latest), optionally only the rows of ``files``.
+
+        Raises:
+            StorageError: no table, a version that does not exist, a file that is not a data
+                file of that snapshot, or a table this backend cannot read correctly.
+        """
+        dt = self._load(path, version)
+        self._check_plain_parquet(dt, path)
+        schema = self._spark_schema(dt)
+        root = table_root(path)
+        uris = [spark_file_uri(root, row["path"]) for row in self._add_actions(dt, path)]
+        if files is not None:
+            by_key = {_file_key(root, uri): uri for uri in uris}
+            chosen: list[str] = []
+            for file in files:
+                uri = by_key.get(_file_key(root, file))
+                if uri is None:
+                    raise StorageError(
+                        f"{file} is not a data file of version {dt.version()} of the Delta table at {path}"
+                    )
+                if uri not in chosen:
+                    chosen.append(uri)
+            uris = chosen
+        if not uris:
+            return self.spark.createDataFrame([], nullable_struct(schema))
+        return self.spark.read.schema(schema).parquet(*uris)
+
+    def files(self, path: str, version: int | None = None) -> list[FileStats]:
+        """The snapshot's data files with min/max/null counts of the top-level columns.
+
+        Minimums are lower bounds and maximums upper bounds of the file's values (timestamp
+        maximums are widened by 999 µs, see :func:`stat_upper_bound`). Nested columns'
+        statistics are omitted; a column without statistics maps to ``None``, as do decimals
+        wider than 15 digits, whose delta-rs statistics are rounded doubles.
+        """
+        dt = self._load(path, version)
+        self._check_plain_parquet(dt, path)
+        root = table_root(path)
+        fields = self._spark_schema(dt).fields
+        # delta-rs writes decimal statistics as JSON doubles: exact only while a double holds
+        # every digit. Wider decimals get no statistics rather than bounds that may be wrong.
+        inexact = {
+            f.name
+            for f in fields
+            if isinstance(f.dataType, DecimalType) and f.dataType.precision > _DOUBLE_EXACT_DIGITS
+        }
+        result = []
+        for row in self._add_actions(dt, path):
+            num_records = row.get("num_records")
+            mins = {f.name: None if f.name in inexact else row.get(f"min.{f.name}") for f in fields}
+            maxs = {
+                f.name: None if f.name in inexact else stat_upper_bound(f.dataType, row.get(f"max.{f.name}"))
+                for f in fields
+            }
+            result.append(
+                FileStats(
+                    path=spark_file_uri(root, row["path"]),
+                    size_bytes=int(row["size_bytes"]),
+                    num_records=None if num_records is None else int(num_records),
+                    min_values=mins,
+                    max_values=maxs,
+                    null_counts={f.name: _to_int(row.get(f"null_count.{f.name}")) for f in fields},
+                )
+            )
+        return result
+
+    def read_changes(self, path: str, start_version: int, end_version: int | None = None) -> DataFrame:
+        """Change Data Feed rows of versions ``start_version..end_version`` (inclusive).
+
+        The range is clamped to the latest version; an empty range gives an empty DataFrame.
+        Versions that only rearrange files (OPTIMIZE) contribute no rows.
+        """
+        dt = self._load(path)
+        table_schema = self._spark_schema(dt)
+        out_schema = change_feed_schema(table_schema)
+        latest = dt.version()
+        end = latest if end_version is None else min(end_version, latest)
+        if start_version < 0:
+            raise StorageError(f"read_changes of {path}: start_version {start_version} is negative")
+        if start_version > end:
+            return self.spark.createDataFrame([], out_schema)
+        with _delta_errors(f"read the change feed (versions {start_version}..{end}) of", path):
+            changes = pa.table(dt.load_cdf(starting_version=start_version, ending_version=end))
+        if changes.num_rows == 0:
+            return self.spark.createDataFrame([], out_schema)
+        columns = []
+        for field in out_schema.fields:
+            if field.name in changes.column_names:
+                columns.append(changes[field.name])
+            else:
+                columns.append(pa.nulls(changes.num_rows))
+        # _commit_version arrives as uint64; give createDataFrame a type it casts from cleanly.
+        names = [f.name for f in out_schema.fields]
+        arrow = pa.Table.from_arrays(columns, names=names)
+        arrow = arrow.set_column(
+            names.index(COMMIT_VERSION), COMMIT_VERSION, arrow[COMMIT_VERSION].cast(pa.int64())
+        )
+        # createDataFrame casts every column (string_view, binary_view, ...) to out_schema's types.
+        return self.spark.createDataFrame(arrow, out_schema)
+
+    def append(self, path: str, df: DataFrame, *, merge_schema: bool = False) -> WriteMetrics:
+        """Append ``df``; with ``merge_schema`` its new columns are added to the table."""
+        dt = self._load(path)
+        before_version, before = dt.version(), self._file_records(dt, path)
+        data = self._source_arrow(df, pa.schema(dt.schema().to_arrow()))
+        with _delta_errors("append to", path):
+            write_deltalake(
+                dt,
+                data,
+                mode="append",
+                schema_mode="merge" if merge_schema else None,
+                storage_options=self.storage_options,
+            )
+        metrics = self._metrics_after(path, before_version, before)
+        return replace(metrics, rows_inserted=_to_int(metrics.extra["metrics"].get("num_added_rows")))
+
+    def overwrite(self, path: str, df: DataFrame) -> WriteMetrics:
+        """Replace every row of the table with ``df`` (same schema)."""
+        dt = self._load(path)
+        before_version, before = dt.version(), self._file_records(dt, path)
+        data = self._source_arrow(df, pa.schema(dt.schema().to_arrow()))
+        with _delta_errors("overwrite", path):
+            write_deltalake(dt, data, mode="overwrite", storage_options=self.storage_options)
+        metrics = self._metrics_after(path, before_version, before, count_removed_rows=True)
+        return replace(metrics, rows_inserted=_to_int(metrics.extra["metrics"].get("num_added_rows")))
+
+    def merge(self, path: str, source: DataFrame, spec: MergeSpec) -> WriteMetrics:
+        """MERGE ``source`` (materialized as Arrow first) into the table as ``spec`` says."""
+        if spec.delete_condition is None and not spec.update and not spec.insert:
+            raise ValueError("MergeSpec has no clause: set delete_condition, update or insert")
+        dt = self._load(path)
+        before_version, before = dt.version(), self._file_records(dt, path)
+        target = pa.schema(dt.schema().to_arrow())
+        # toArrow() runs the source once, here, so the merge never re-evaluates it.
+        data = self._source_arrow(source, target)
+        if spec.insert and spec.insert_condition is not None and _needs_insert_filter(dt, target):
+            data = self._drop_unmatched_uninsertable(dt, data, spec, path)
+        excluded = set(spec.exclude_columns)
+        new_columns = [c for c in data.column_names if c not in target.names and c not in excluded]
+        except_cols = sorted(excluded & set(data.column_names))
+        if not spec.merge_schema:
+            # Like Delta's UPDATE SET * / INSERT *: source columns the target lacks are ignored.
+            except_cols = sorted(set(except_cols) | set(new_columns))
+        with _delta_errors("merge into", path):
+            merger = dt.merge(
+                data,
+                spec.on,
+                source_alias="s",
+                target_alias="t",
+                merge_schema=spec.merge_schema and bool(new_columns),
+                # The source is in memory: let delta-rs use its statistics to prune target files.
+                streamed_exec=False,
+            )
+            if spec.delete_condition is not None:
+                merger = merger.when_matched_delete(spec.delete_condition)
+            if spec.update:
+                merger = merger.when_matched_update_all(
+                    spec.update_condition, except_cols=except_cols or None
+                )
+            if spec.insert:
+                merger = merger.when_not_matched_insert_all(
+                    spec.insert_condition, except_cols=except_cols or None
+                )
+            raw = merger.execute()
+        return self._metrics_after(
+            path,
+            before_version,
+            before,
+            raw,
+            rows_inserted=_to_int(raw.get("num_target_rows_inserted")),
+            rows_updated=_to_int(raw.get("num_target_rows_updated")),
+            rows_deleted=_to_int(raw.get("num_target_rows_deleted")),
+            files_scanned=_to_int(raw.get("num_target_files_scanned")),
+            files_skipped=_to_int(raw.get("num_target_files_skipped_during_scan")),
+        )
+
+    def _drop_unmatched_uninsertable(
+        self, dt: DeltaTable, data: pa.Table, spec: MergeSpec, path: str
+    ) -> pa.Table:
+        """Drop source rows that fail ``insert_condition`` and match no target row.
+
+        Such rows are no-ops for the MERGE, but delta-rs 1.6 writes a null change-data row for
+        them and then fails the table's NOT NULL check ("rows failed validation check") on a
+        table with Change Data Feed. Which rows match is decided by DataFusion on the same
+        snapshot and with the same SQL the MERGE uses, so the result is unchanged.
+        """
+        numbered = data.append_column(_ROW_COLUMN, pa.array(range(data.num_rows), pa.int64()))
+        sql = (
+            f"SELECT s.{_ROW_COLUMN} FROM {_SOURCE_NAME} AS s "
+            f"LEFT JOIN (SELECT TRUE AS {_HIT_COLUMN}, * FROM {_TARGET_NAME}) AS t ON ({spec.on}) "
+            f"WHERE NOT COALESCE(({spec.insert_condition}), FALSE) "
+            f"GROUP BY s.{_ROW_COLUMN} HAVING COUNT(t.{_HIT_COLUMN}) = 0"
+        )
+        with (
+            tempfile.TemporaryDirectory(prefix="cdc_join_merge_source_") as tmp,
+            _delta_errors("stage the merge source for", path),
+        ):
+            write_deltalake(os.path.join(tmp, "source"), numbered)
+            query = (
+                QueryBuilder()
+                .register(_SOURCE_NAME, DeltaTable(os.path.join(tmp, "source")))
+                .register(_TARGET_NAME, dt)
+            )
+            drop = pa.table(query.execute(sql).read_all()).column(0)
+        if len(drop) == 0:
+            return data
+        keep = pc.invert(pc.is_in(numbered[_ROW_COLUMN], value_set=drop))
+        return data.filter(keep)
+
+    def delete(self, path: str, predicate: str | None = None) -> WriteMetrics:
+        """Delete the rows matching ``predicate`` (all rows when ``None``)."""
+        dt = self._load(path)
+        before_version, before = dt.version(), self._file_records(dt, path)
+        with _delta_errors("delete from", path):
+            raw = dt.delete(predicate)
+        # A delete without predicate drops whole files unscanned and reports no row count; the
+        # removed files' statistics give it.
+        return self._metrics_after(
+            path,
+            before_version,
+            before,
+            raw,
+            rows_deleted=_to_int(raw.get("num_deleted_rows")),
+            count_removed_rows=predicate is None,
+        )
+
+    def optimize(
+        self, path: str, zorder_by: Sequence[str] | None = None, target_size: int | None = None
+    ) -> WriteMetrics:
+        """Z-order by ``zorder_by`` when given, else compact small files (no data change)."""
+        dt = self._load(path)
+        before_version, before = dt.version(), self._file_records(dt, path)
+        with _delta_errors("optimize", path):
+            if zorder_by:
+                raw = dt.optimize.z_order(list(zorder_by), target_size=target_size)
+            else:
+                raw = dt.optimize.compact(target_size=target_size)
+        return self._metrics_after(
+            path,
+            before_version,
+            before,
+            raw,
+            files_scanned=_to_int(raw.get("totalConsideredFiles")),
+            files_skipped=_to_int(raw.get("totalFilesSkipped")),
+        )
+
+    def history(self, path: str, limit: int | None = None) -> list[dict[str, Any]]:
+        """Commits newest first, in the shape of :func:`normalize_history_entry`."""
+        dt = self._load(path)
+        with _delta_errors("read the history of", path):
+            entries = dt.history(limit)
+        return [normalize_history_entry(e) for e in entries]

@@ -1,0 +1,727 @@
+"""The storage contract: every backend behaves the same on the operations a run uses.
+
+One suite, parametrized over the backends. The delta-spark run is skipped, with the reason
+``delta_jars_available`` gives, where Spark cannot load the Delta jars.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from datetime import date, datetime, timedelta, timezone
+from decimal import Decimal
+
+import pytest
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    BooleanType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+)
+
+from cdc_join.errors import StorageError
+from cdc_join.storage import MergeSpec, Storage, get_storage
+from cdc_join.storage.select import ENV_VAR, delta_jars_available
+
+BACKENDS = ["delta-rs", "delta-spark"]
+
+KV = StructType(
+    [
+        StructField("id", LongType(), False),
+        StructField("seq", LongType(), True),
+        StructField("v", StringType(), True),
+    ]
+)
+KV_DDL = "id long, seq long, v string"
+
+
+@pytest.fixture(params=BACKENDS)
+def store(request, spark) -> Storage:
+    name = request.param
+    if name == "delta-spark":
+        available, reason = delta_jars_available(spark)
+        if not available:
+            pytest.skip(f"delta-spark backend: {reason}")
+    return get_storage(spark, name)
+
+
+def rows(df, *order_by: str) -> list[dict]:
+    """Collect ``df`` as dicts, sorted by ``order_by`` (default: all columns)."""
+    data = [r.asDict(recursive=True) for r in df.collect()]
+    keys = order_by or tuple(df.columns)
+    return sorted(data, key=lambda d: tuple((d[k] is None, d[k]) for k in keys))
+
+
+def kv_table(store: Storage, spark, path: str, data: list[tuple] | None = None) -> None:
+    assert store.create(path, KV) is True
+    if data:
+        store.append(path, spark.createDataFrame(data, KV_DDL))
+
+
+# --------------------------------------------------------------------------- create / read
+
+
+def test_create_is_create_if_absent(store, spark, tmp_path):
+    path = str(tmp_path / "t")
+    assert not store.exists(path)
+    assert store.create(path, KV) is True
+    assert store.exists(path)
+    assert store.version(path) == 0
+    assert store.read(path).count() == 0
+    store.append(path, spark.createDataFrame([(1, 1, "a")], KV_DDL))
+
+    assert store.create(path, KV) is False
+    assert store.version(path) == 1
+    assert rows(store.read(path)) == [{"id": 1, "seq": 1, "v": "a"}]
+    schema = store.schema(path)
+    assert [(f.name, f.dataType, f.nullable) for f in schema.fields] == [
+        ("id", LongType(), False),
+        ("seq", LongType(), True),
+        ("v", StringType(), True),
+    ]
+
+
+def test_create_accepts_file_uri_and_properties(store, spark, tmp_path):
+    uri = (tmp_path / "t").as_uri()
+    assert store.create(uri, KV, properties={"delta.appendOnly": "false"}) is True
+    assert store.exists(str(tmp_path / "t"))
+    store.append(uri, spark.createDataFrame([(1, 1, "a")], KV_DDL))
+    assert rows(store.read(str(tmp_path / "t"))) == [{"id": 1, "seq": 1, "v": "a"}]
+
+
+def test_missing_table_raises_storage_error(store, tmp_path):
+    path = str(tmp_path / "nothing")
+    assert not store.exists(path)
+    with pytest.raises(StorageError, match="nothing"):
+        store.read(path)
+    with pytest.raises(StorageError):
+        store.version(path)
+
+
+def test_append_and_read_old_version(store, spark, tmp_path):
+    path = str(tmp_path / "t")
+    kv_table(store, spark, path)
+    m1 = store.append(path, spark.createDataFrame([(1, 1, "a"), (2, 1, "b")], KV_DDL))
+    assert m1.version == 1
+    assert m1.rows_inserted == 2
+    assert m1.files_added is not None and m1.files_added >= 1
+    # Columns are matched by name, not position.
+    m2 = store.append(path, spark.createDataFrame([("c", 3, 1)], "v string, id long, seq long"))
+    assert m2.version == 2
+
+    assert rows(store.read(path), "id") == [
+        {"id": 1, "seq": 1, "v": "a"},
+        {"id": 2, "seq": 1, "v": "b"},
+        {"id": 3, "seq": 1, "v": "c"},
+    ]
+    assert [r["id"] for r in rows(store.read(path, version=1), "id")] == [1, 2]
+    assert store.read(path, version=0).count() == 0
+    assert store.read(path).schema.names == ["id", "seq", "v"]
+    with pytest.raises(StorageError):
+        store.read(path, version=99)
+
+
+def test_files_stats_and_read_of_a_subset(store, spark, tmp_path):
+    path = str(tmp_path / "t")
+    kv_table(store, spark, path)
+    for lo in (0, 100, 200):
+        batch = spark.createDataFrame([(lo + i, 1, None if i == 0 else "x") for i in range(10)], KV_DDL)
+        store.append(path, batch.coalesce(1))
+
+    files = store.files(path)
+    assert len(files) == 3
+    by_min = sorted(files, key=lambda f: f.min_values["id"])
+    assert [(f.min_values["id"], f.max_values["id"]) for f in by_min] == [(0, 9), (100, 109), (200, 209)]
+    assert all(f.num_records == 10 for f in files)
+    assert all(f.size_bytes > 0 for f in files)
+    assert all(f.null_counts["v"] == 1 for f in files)
+
+    middle = by_min[1]
+    subset = store.read(path, files=[middle.path])
+    assert [r["id"] for r in rows(subset, "id")] == list(range(100, 110))
+    assert store.read(path, files=[]).count() == 0
+    assert store.read(path, files=[by_min[0].path, by_min[2].path]).count() == 20
+    with pytest.raises(StorageError, match="not a data file"):
+        store.read(path, files=[str(tmp_path / "t" / "part-00000-nope.parquet")])
+
+    # An older version lists only the files it had.
+    assert len(store.files(path, version=1)) == 1
+
+
+def test_table_root_with_a_space(store, spark, tmp_path):
+    path = str(tmp_path / "a b" / "t")
+    kv_table(store, spark, path, [(1, 1, "a")])
+    (f,) = store.files(path)
+    assert rows(store.read(path, files=[f.path])) == [{"id": 1, "seq": 1, "v": "a"}]
+    assert store.read_changes(path, 1).count() == 1
+
+
+def test_not_null_is_enforced(store, spark, tmp_path):
+    path = str(tmp_path / "t")
+    kv_table(store, spark, path)
+    with pytest.raises(StorageError):
+        store.append(path, spark.createDataFrame([(None, 1, "a")], KV_DDL))
+    assert store.version(path) == 0
+
+
+# --------------------------------------------------------------------------- merge
+
+
+def test_merge_upsert_with_sequence_guard(store, spark, tmp_path):
+    path = str(tmp_path / "t")
+    kv_table(store, spark, path, [(1, 5, "a"), (2, 5, "b")])
+    source = spark.createDataFrame([(1, 6, "a2"), (2, 4, "stale"), (3, 1, "c")], KV_DDL)
+
+    m = store.merge(path, source, MergeSpec(on="t.id = s.id", update_condition="s.seq > t.seq"))
+
+    assert rows(store.read(path), "id") == [
+        {"id": 1, "seq": 6, "v": "a2"},
+        {"id": 2, "seq": 5, "v": "b"},
+        {"id": 3, "seq": 1, "v": "c"},
+    ]
+    assert m.version == 2
+    assert (m.rows_inserted, m.rows_updated, m.rows_deleted) == (1, 1, 0)
+    assert m.files_added is not None and m.files_added >= 1
+    assert m.files_removed == 1
+
+
+def test_merge_delete_condition(store, spark, tmp_path):
+    path = str(tmp_path / "t")
+    kv_table(store, spark, path, [(1, 1, "a"), (2, 1, "b"), (3, 1, "c")])
+    source = spark.createDataFrame(
+        [(1, 2, None, "d"), (2, 2, "b2", "u"), (4, 1, "new", "c"), (5, 1, None, "d")],
+        "id long, seq long, v string, op string",
+    )
+    spec = MergeSpec(
+        on="t.id = s.id",
+        delete_condition="s.op = 'd' AND s.seq > t.seq",
+        update_condition="s.seq > t.seq",
+        insert_condition="s.op <> 'd'",
+        exclude_columns=("op",),
+    )
+
+    m = store.merge(path, source, spec)
+
+    assert rows(store.read(path), "id") == [
+        {"id": 2, "seq": 2, "v": "b2"},
+        {"id": 3, "seq": 1, "v": "c"},
+        {"id": 4, "seq": 1, "v": "new"},
+    ]
+    assert (m.rows_inserted, m.rows_updated, m.rows_deleted) == (1, 1, 1)
+    assert "op" not in store.schema(path).names
+
+
+def test_insert_only_merge(store, spark, tmp_path):
+    path = str(tmp_path / "t")
+    kv_table(store, spark, path, [(1, 1, "a")])
+    source = spark.createDataFrame([(1, 9, "changed"), (2, 1, "b")], KV_DDL)
+
+    m = store.merge(path, source, MergeSpec(on="t.id = s.id", update=False))
+
+    assert rows(store.read(path), "id") == [{"id": 1, "seq": 1, "v": "a"}, {"id": 2, "seq": 1, "v": "b"}]
+    assert (m.rows_inserted, m.rows_updated) == (1, 0)
+
+
+def test_merge_that_changes_nothing(store, spark, tmp_path):
+    path = str(tmp_path / "t")
+    kv_table(store, spark, path, [(1, 5, "a")])
+    source = spark.createDataFrame([(1, 4, "stale")], KV_DDL)
+    m = store.merge(path, source, MergeSpec(on="t.id = s.id", update_condition="s.seq > t.seq", insert=False))
+    assert m.rows_updated == 0
+    assert rows(store.read(path)) == [{"id": 1, "seq": 5, "v": "a"}]
+
+
+def test_merge_exclude_columns(store, spark, tmp_path):
+    path = str(tmp_path / "t")
+    kv_table(store, spark, path, [(1, 1, "a")])
+    # "seq" exists in the target but is excluded: updates keep it, inserts leave it null.
+    # "src_seq" exists only in the source and is used by the condition only.
+    source = spark.createDataFrame(
+        [(1, 100, "a2", 2), (2, 100, "b", 1)], "id long, seq long, v string, src_seq long"
+    )
+    spec = MergeSpec(
+        on="t.id = s.id",
+        update_condition="s.src_seq > t.seq",
+        exclude_columns=("seq", "src_seq"),
+        merge_schema=True,
+    )
+
+    store.merge(path, source, spec)
+
+    assert store.schema(path).names == ["id", "seq", "v"]
+    assert rows(store.read(path), "id") == [{"id": 1, "seq": 1, "v": "a2"}, {"id": 2, "seq": None, "v": "b"}]
+
+
+def test_merge_schema_adds_a_column(store, spark, tmp_path):
+    path = str(tmp_path / "t")
+    kv_table(store, spark, path, [(1, 1, "a"), (2, 1, "b")])
+    source = spark.createDataFrame(
+        [(2, 2, "b2", 2.5), (3, 1, "c", 3.5)], "id long, seq long, v string, w double"
+    )
+
+    # Without merge_schema a source-only column is ignored, like Delta's UPDATE SET *.
+    store.merge(path, source, MergeSpec(on="t.id = s.id", insert=False))
+    assert store.schema(path).names == ["id", "seq", "v"]
+
+    store.merge(path, source, MergeSpec(on="t.id = s.id", merge_schema=True))
+
+    schema = store.schema(path)
+    assert schema.names == ["id", "seq", "v", "w"]
+    assert schema["w"].dataType == DoubleType()
+    assert schema["id"].nullable is False  # merging schemas keeps NOT NULL columns NOT NULL
+    assert rows(store.read(path), "id") == [
+        {"id": 1, "seq": 1, "v": "a", "w": None},
+        {"id": 2, "seq": 2, "v": "b2", "w": 2.5},
+        {"id": 3, "seq": 1, "v": "c", "w": 3.5},
+    ]
+    # Files written before the column existed read it as null.
+    assert store.read(path, version=1).columns == ["id", "seq", "v"]
+    changes = store.read_changes(path, 1)
+    assert changes.columns == ["id", "seq", "v", "w", "_change_type", "_commit_version"]
+    inserted = rows(changes.where("_change_type = 'insert'"), "id")
+    assert [(r["id"], r["w"]) for r in inserted] == [(1, None), (2, None), (3, 3.5)]
+
+
+def test_append_merge_schema(store, spark, tmp_path):
+    path = str(tmp_path / "t")
+    kv_table(store, spark, path, [(1, 1, "a")])
+    store.append(
+        path, spark.createDataFrame([(2, 1, "b", True)], KV_DDL + ", flag boolean"), merge_schema=True
+    )
+    assert rows(store.read(path), "id") == [
+        {"id": 1, "seq": 1, "v": "a", "flag": None},
+        {"id": 2, "seq": 1, "v": "b", "flag": True},
+    ]
+
+
+def test_merge_without_any_clause_is_rejected(store, spark, tmp_path):
+    path = str(tmp_path / "t")
+    kv_table(store, spark, path)
+    with pytest.raises(ValueError, match="no clause"):
+        store.merge(
+            path, spark.createDataFrame([], KV_DDL), MergeSpec(on="t.id = s.id", update=False, insert=False)
+        )
+
+
+def test_merge_of_an_empty_source(store, spark, tmp_path):
+    path = str(tmp_path / "t")
+    kv_table(store, spark, path, [(1, 1, "a")])
+    m = store.merge(path, spark.createDataFrame([], KV_DDL), MergeSpec(on="t.id = s.id"))
+    assert (m.rows_inserted, m.rows_updated, m.rows_deleted) in ((0, 0, 0), (None, None, None))
+    assert rows(store.read(path)) == [{"id": 1, "seq": 1, "v": "a"}]
+
+
+# --------------------------------------------------------------------------- change data feed
+
+
+def test_read_changes(store, spark, tmp_path):
+    path = str(tmp_path / "t")
+    kv_table(store, spark, path, [(1, 1, "a"), (2, 1, "b")])  # v1
+    store.merge(
+        path, spark.createDataFrame([(1, 2, "a2"), (3, 1, "c")], KV_DDL), MergeSpec(on="t.id = s.id")
+    )  # v2
+    store.delete(path, "id = 2")  # v3
+
+    changes = store.read_changes(path, 1)
+
+    assert changes.columns == ["id", "seq", "v", "_change_type", "_commit_version"]
+    assert changes.schema["_commit_version"].dataType == LongType()
+    assert changes.schema["_change_type"].dataType == StringType()
+    got = rows(changes, "_commit_version", "id", "_change_type")
+    assert [(r["_commit_version"], r["_change_type"], r["id"], r["v"]) for r in got] == [
+        (1, "insert", 1, "a"),
+        (1, "insert", 2, "b"),
+        (2, "update_postimage", 1, "a2"),
+        (2, "update_preimage", 1, "a"),
+        (2, "insert", 3, "c"),
+        (3, "delete", 2, "b"),
+    ]
+    only_v2 = rows(store.read_changes(path, 2, 2), "id", "_change_type")
+    assert {r["_commit_version"] for r in only_v2} == {2}
+    assert len(only_v2) == 3
+    # An end past the latest version is clamped.
+    assert store.read_changes(path, 3, 99).count() == 1
+
+
+def test_read_changes_empty_range(store, spark, tmp_path):
+    path = str(tmp_path / "t")
+    kv_table(store, spark, path, [(1, 1, "a")])
+    latest = store.version(path)
+    for start, end in ((latest + 1, None), (latest + 5, latest + 9), (1, 0)):
+        empty = store.read_changes(path, start, end)
+        assert empty.count() == 0
+        assert empty.columns == ["id", "seq", "v", "_change_type", "_commit_version"]
+        assert empty.schema["_commit_version"].dataType == LongType()
+    # The same schema as a non-empty feed.
+    assert empty.schema == store.read_changes(path, 1).schema
+
+
+def test_read_changes_ignores_optimize_and_sees_overwrite(store, spark, tmp_path):
+    path = str(tmp_path / "t")
+    kv_table(store, spark, path, [(1, 1, "a")])
+    store.append(path, spark.createDataFrame([(2, 1, "b")], KV_DDL))
+    m = store.optimize(path)
+    assert m.version == 3
+    assert store.read_changes(path, 3, 3).count() == 0
+
+    store.overwrite(path, spark.createDataFrame([(9, 1, "z")], KV_DDL))
+    got = rows(store.read_changes(path, 4), "_change_type", "id")
+    assert [(r["_change_type"], r["id"]) for r in got] == [("delete", 1), ("delete", 2), ("insert", 9)]
+
+
+def test_read_changes_needs_cdf(store, spark, tmp_path):
+    path = str(tmp_path / "t")
+    assert store.create(path, KV, cdf=False)
+    store.append(path, spark.createDataFrame([(1, 1, "a")], KV_DDL))
+    with pytest.raises(StorageError):
+        store.read_changes(path, 0).collect()
+
+
+# --------------------------------------------------------------------------- maintenance
+
+
+def test_optimize_zorder_narrows_file_ranges(store, spark, tmp_path):
+    path = str(tmp_path / "t")
+    schema = StructType(
+        [StructField("x", LongType()), StructField("y", LongType()), StructField("pad", StringType())]
+    )
+    assert store.create(path, schema)
+    rng = random.Random(7)
+    for _ in range(4):
+        data = [(rng.randrange(10_000), rng.randrange(10_000), "p" * 20) for _ in range(2_000)]
+        store.append(path, spark.createDataFrame(data, "x long, y long, pad string").coalesce(1))
+    before = store.files(path)
+    width_before = sum(f.max_values["x"] - f.min_values["x"] for f in before)
+
+    m = store.optimize(path, zorder_by=["x"], target_size=20_000)
+
+    after = store.files(path)
+    assert m.version == 5
+    assert m.files_removed == 4
+    assert m.files_added == len(after) > 1
+    assert store.read(path).count() == 8_000
+    width_after = sum(f.max_values["x"] - f.min_values["x"] for f in after)
+    assert width_after < width_before / 2
+    # Ordered by x, the files' ranges barely overlap.
+    spans = sorted((f.min_values["x"], f.max_values["x"]) for f in after)
+    assert all(prev[1] <= nxt[0] + 50 for prev, nxt in itertools.pairwise(spans))
+
+
+def test_optimize_compacts(store, spark, tmp_path):
+    path = str(tmp_path / "t")
+    kv_table(store, spark, path, [(1, 1, "a")])
+    store.append(path, spark.createDataFrame([(2, 1, "b")], KV_DDL))
+    assert len(store.files(path)) == 2
+    m = store.optimize(path)
+    assert len(store.files(path)) == 1
+    assert (m.files_added, m.files_removed) == (1, 2)
+    assert rows(store.read(path), "id") == [{"id": 1, "seq": 1, "v": "a"}, {"id": 2, "seq": 1, "v": "b"}]
+
+
+def test_overwrite(store, spark, tmp_path):
+    path = str(tmp_path / "t")
+    kv_table(store, spark, path, [(1, 1, "a"), (2, 1, "b")])
+    m = store.overwrite(path, spark.createDataFrame([(3, 1, "c")], KV_DDL))
+    assert m.version == 2
+    assert m.rows_inserted == 1
+    assert rows(store.read(path)) == [{"id": 3, "seq": 1, "v": "c"}]
+    assert store.read(path, version=1).count() == 2
+
+
+def test_delete_with_predicate(store, spark, tmp_path):
+    path = str(tmp_path / "t")
+    kv_table(store, spark, path, [(1, 1, "a"), (2, 1, "b"), (3, 2, "c")])
+    m = store.delete(path, "seq = 1 AND id > 1")
+    assert m.version == 2
+    assert m.rows_deleted == 1
+    assert [r["id"] for r in rows(store.read(path), "id")] == [1, 3]
+
+    m = store.delete(path)
+    assert m.rows_deleted == 2
+    assert store.read(path).count() == 0
+
+
+def test_history_and_version(store, spark, tmp_path):
+    path = str(tmp_path / "t")
+    kv_table(store, spark, path, [(1, 1, "a")])
+    store.delete(path, "id = 1")
+    assert store.version(path) == 2
+
+    history = store.history(path)
+    assert [h["version"] for h in history] == [2, 1, 0]
+    assert history[0]["operation"] == "DELETE"
+    assert history[1]["operation"] == "WRITE"
+    assert "CREATE" in history[2]["operation"]
+    assert all(isinstance(h["timestamp"], datetime) and h["timestamp"].tzinfo for h in history)
+    assert isinstance(history[0]["operationMetrics"], dict)
+    assert [h["version"] for h in store.history(path, limit=1)] == [2]
+
+
+# --------------------------------------------------------------------------- types
+
+TYPES = StructType(
+    [
+        StructField("id", LongType(), False),
+        StructField("dec", DecimalType(38, 10)),
+        StructField("ts", TimestampType()),
+        StructField("ts_ntz", TimestampNTZType()),
+        StructField("d", DateType()),
+        StructField(
+            "st",
+            StructType(
+                [StructField("a", LongType()), StructField("b", StringType()), StructField("c", DateType())]
+            ),
+        ),
+        StructField("arr", ArrayType(StringType())),
+        StructField("arr_st", ArrayType(StructType([StructField("k", StringType())]))),
+        StructField("m", MapType(StringType(), LongType())),
+        StructField("dbl", DoubleType()),
+        StructField("s", StringType()),
+        StructField("flag", BooleanType()),
+        StructField("bin", BinaryType()),
+    ]
+)
+
+
+def test_types_round_trip(store, spark, tmp_path):
+    path = str(tmp_path / "t")
+    assert store.create(path, TYPES)
+    big = Decimal("1234567890123456789012345678.0123456789")
+    ts = datetime(2024, 3, 1, 12, 30, 45, 123456)
+    full = (
+        1,
+        big,
+        ts,
+        datetime(2024, 3, 1, 23, 59, 59, 999999),
+        date(2024, 2, 29),
+        {"a": 7, "b": "x", "c": date(2000, 1, 1)},
+        ["p", None, "q"],
+        [{"k": "v"}],
+        {"one": 1},
+        1.5,
+        "héllo",
+        True,
+        b"\x00\x01",
+    )
+    nulls = (2, *([None] * (len(TYPES.fields) - 1)))
+    store.append(path, spark.createDataFrame([full, nulls], TYPES))
+
+    read_schema = store.read(path).schema
+    assert [(f.name, f.dataType) for f in read_schema.fields] == [(f.name, f.dataType) for f in TYPES.fields]
+    assert store.schema(path) == TYPES
+    got = rows(store.read(path), "id")
+    assert got[0] == dict(zip(TYPES.names, full, strict=True)) | {"bin": bytearray(b"\x00\x01")}
+    assert got[1] == dict(zip(TYPES.names, nulls, strict=True))
+    # The session time zone is UTC: the instant is unchanged.
+    assert spark.conf.get("spark.sql.session.timeZone") == "UTC"
+
+    changes = store.read_changes(path, 1)
+    assert [(f.name, f.dataType) for f in changes.schema.fields][: len(TYPES.fields)] == [
+        (f.name, f.dataType) for f in TYPES.fields
+    ]
+    change_rows = rows(changes.drop("_change_type", "_commit_version"), "id")
+    assert change_rows == got
+
+    (stats,) = store.files(path)
+    assert stats.min_values["id"] == 1 and stats.max_values["id"] == 2
+    # Statistics are bounds or absent, never wrong: delta-rs logs wide decimals as doubles.
+    assert stats.min_values["dec"] is None or stats.min_values["dec"] <= big <= stats.max_values["dec"]
+    assert stats.min_values["d"] == date(2024, 2, 29)
+    # Timestamp statistics are logged to the millisecond; the maximum is widened to stay a bound.
+    ts_utc = ts.replace(tzinfo=timezone.utc)
+    assert stats.min_values["ts"] <= ts_utc <= stats.max_values["ts"]
+    assert stats.max_values["ts"] - ts_utc < timedelta(milliseconds=1)
+    assert stats.min_values["ts_ntz"] <= full[3] <= stats.max_values["ts_ntz"]
+    assert stats.null_counts["s"] == 1
+
+
+# --------------------------------------------------------------------------- backend selection
+
+
+def test_get_storage_env_var_and_caching(spark, monkeypatch):
+    monkeypatch.setenv(ENV_VAR, "delta-rs")
+    rs = get_storage(spark)
+    assert rs.name == "delta-rs"
+    assert isinstance(rs, Storage)
+    assert get_storage(spark) is rs
+    assert get_storage(spark, "delta-rs") is rs
+
+    monkeypatch.setenv(ENV_VAR, "auto")
+    available, _ = delta_jars_available(spark)
+    assert get_storage(spark).name == ("delta-spark" if available else "delta-rs")
+    monkeypatch.delenv(ENV_VAR)
+    assert get_storage(spark).name == ("delta-spark" if available else "delta-rs")
+
+
+def test_forcing_delta_spark_without_jars_raises(spark, monkeypatch):
+    available, reason = delta_jars_available(spark)
+    if available:
+        pytest.skip("the Delta jars are available here")
+    assert reason
+    monkeypatch.setenv(ENV_VAR, "delta-spark")
+    with pytest.raises(StorageError, match="delta-spark") as info:
+        get_storage(spark)
+    assert reason in str(info.value)
+    with pytest.raises(StorageError):
+        get_storage(spark, "delta-spark")
+
+
+def test_unknown_backend_name_raises(spark, monkeypatch):
+    with pytest.raises(StorageError, match="Unknown storage backend"):
+        get_storage(spark, "parquet")
+    monkeypatch.setenv(ENV_VAR, "nope")
+    with pytest.raises(StorageError, match=ENV_VAR):
+        get_storage(spark)
+
+
+# --------------------------------------------------------------------------- delta-rs specifics
+
+
+def test_delta_rs_refuses_partitioned_tables(spark, tmp_path):
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    path = str(tmp_path / "t")
+    write_deltalake(path, pa.table({"id": [1, 2], "p": ["a", "b"]}), partition_by=["p"])
+    store = get_storage(spark, "delta-rs")
+    with pytest.raises(StorageError, match="partitioned"):
+        store.read(path)
+
+
+def test_delta_rs_deletion_vectors(spark, tmp_path, monkeypatch):
+    from deltalake import DeltaTable, TableFeatures
+
+    store = get_storage(spark, "delta-rs")
+    path = str(tmp_path / "t")
+    kv_table(store, spark, path, [(1, 1, "a")])
+    DeltaTable(path).alter.add_feature(TableFeatures.DeletionVectors, allow_protocol_versions_increase=True)
+    # The feature alone is fine: no file has a deletion vector.
+    assert store.read(path).count() == 1
+
+    import pyarrow as pa
+
+    with_dv = pa.table({"filepath": ["x"], "selection_vector": [[True, False]]})
+    monkeypatch.setattr(DeltaTable, "deletion_vectors", lambda self: with_dv)
+    with pytest.raises(StorageError, match="deletion vectors"):
+        store.read(path)
+    with pytest.raises(StorageError, match="deletion vectors"):
+        store.files(path)
+
+
+# --------------------------------------------------------------------------- delta-spark helpers
+# The delta-spark backend cannot run without the jars; its pure parts and its transaction-log
+# reader (plain Spark reads of _delta_log) are checked here against tables delta-rs writes.
+
+
+def test_delta_spark_merge_plan():
+    from cdc_join.storage.delta_spark import plan_merge
+
+    same = plan_merge(["id", "v"], ["id", "v"], MergeSpec(on="t.id = s.id"))
+    assert same.star and not same.evolve and not same.add_columns
+
+    evolve = plan_merge(["id", "v", "w"], ["id", "v"], MergeSpec(on="t.id = s.id", merge_schema=True))
+    assert evolve.star and evolve.evolve
+
+    ignore_new = plan_merge(["id", "v", "w"], ["id", "v"], MergeSpec(on="t.id = s.id"))
+    assert not ignore_new.star and ignore_new.assignments == {"`id`": "s.`id`", "`v`": "s.`v`"}
+
+    excluded = plan_merge(
+        ["id", "v", "w", "op"],
+        ["id", "v"],
+        MergeSpec(on="t.id = s.id", exclude_columns=("op",), merge_schema=True),
+    )
+    assert not excluded.star
+    assert excluded.add_columns == ("w",)
+    assert list(excluded.assignments) == ["`id`", "`v`", "`w`"]
+
+    partial = plan_merge(["id", "v"], ["id", "seq", "v"], MergeSpec(on="t.id = s.id"))
+    assert not partial.star and list(partial.assignments) == ["`id`", "`v`"]
+
+
+def test_delta_spark_stats_parsing():
+    from cdc_join.storage.delta_spark import file_stats_from_add
+
+    schema = StructType(
+        [
+            StructField("id", LongType()),
+            StructField("dec", DecimalType(38, 10)),
+            StructField("small", DecimalType(10, 2)),
+            StructField("ts", TimestampType()),
+            StructField("ntz", TimestampNTZType()),
+            StructField("d", DateType()),
+            StructField("st", StructType([StructField("a", LongType())])),
+        ]
+    )
+    # As delta-spark logs them: exact decimals, millisecond timestamps with zone, ISO ntz.
+    stats = (
+        '{"numRecords":10,"minValues":{"id":1,"dec":1234567890123456789012345678.0123456789,'
+        '"small":1.25,"ts":"2024-03-01T12:30:45.123Z","ntz":"2024-03-01T01:02:03.004","d":"2024-02-29",'
+        '"st":{"a":1}},"maxValues":{"id":9,"ts":"2024-03-01T13:00:00.000+01:00"},'
+        '"nullCount":{"id":0,"dec":2,"st":{"a":0}}}'
+    )
+    fs = file_stats_from_add("file:/t/part-0.parquet", 123, stats, 3, schema)
+    assert fs.num_records == 7  # 10 physical rows, 3 deleted by a deletion vector
+    assert fs.size_bytes == 123
+    assert fs.min_values["id"] == 1 and fs.max_values["id"] == 9
+    exact = Decimal("1234567890123456789012345678.0123456789")
+    assert fs.min_values["dec"] <= exact
+    assert exact - fs.min_values["dec"] < Decimal("1e12")  # widened by a double's rounding only
+    assert fs.min_values["small"] == Decimal("1.25")
+    assert fs.min_values["ts"] == datetime(2024, 3, 1, 12, 30, 45, 123000, tzinfo=timezone.utc)
+    assert fs.max_values["ts"] == datetime(2024, 3, 1, 12, 0, 0, 999, tzinfo=timezone.utc)
+    assert fs.min_values["ntz"] == datetime(2024, 3, 1, 1, 2, 3, 4000)
+    assert fs.min_values["d"] == date(2024, 2, 29)
+    assert fs.min_values["st"] is None
+    assert fs.null_counts == {
+        "id": 0,
+        "dec": 2,
+        "small": None,
+        "ts": None,
+        "ntz": None,
+        "d": None,
+        "st": None,
+    }
+    empty = file_stats_from_add("p", None, None, None, schema)
+    assert empty.num_records is None and empty.min_values["id"] is None
+
+
+def test_delta_spark_log_reader_matches_delta_rs(spark, tmp_path):
+    from deltalake import DeltaTable
+
+    from cdc_join.storage.delta_spark import DeltaSparkStorage, _basename, file_stats_from_add
+
+    rs = get_storage(spark, "delta-rs")
+    path = str(tmp_path / "t")
+    kv_table(rs, spark, path, [(1, 1, "a"), (2, 1, None)])
+    rs.append(path, spark.createDataFrame([(5, 2, "e")], KV_DDL))
+    rs.merge(path, spark.createDataFrame([(1, 3, "a2")], KV_DDL), MergeSpec(on="t.id = s.id"))
+    reader = DeltaSparkStorage(spark)
+
+    def from_log(version: int) -> dict:
+        expected = {_basename(f.path): f for f in rs.files(path, version=version)}
+        adds = reader._log_adds(path, version, set(expected))
+        assert set(adds) == set(expected)
+        got = {
+            name: file_stats_from_add(expected[name].path, a["size"], a["stats"], a["dv_cardinality"], KV)
+            for name, a in adds.items()
+        }
+        for name, want in expected.items():
+            assert got[name] == want
+        return got
+
+    assert len(from_log(3)) == 2
+    assert len(from_log(1)) == 1
+    # After a checkpoint and log cleanup the add actions come from the checkpoint parquet.
+    DeltaTable(path).create_checkpoint()
+    for commit in (tmp_path / "t" / "_delta_log").glob("*.json"):
+        commit.unlink()
+    assert len(from_log(3)) == 2
