@@ -44,7 +44,7 @@ def merge_into_silver(storage: Storage, config: PipelineConfig, rows: DataFrame)
     path = config.silver_path
     storage.create(path, rows.drop(ACTION).schema, cdf=True)
     keys = silver_key_columns(config)
-    changed = " OR ".join(f"t.`{c}` IS DISTINCT FROM s.`{c}`" for c in output_columns(config))
+    changed = " OR ".join(f"(t.`{c}` IS DISTINCT FROM s.`{c}`)" for c in output_columns(config))
     metrics = storage.merge(
         path,
         rows,

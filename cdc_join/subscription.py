@@ -195,7 +195,7 @@ def apply_instructions(
         MergeSpec(
             on=on,
             delete_condition="s._action = 'unsubscribe'",
-            update_condition=f"s._action = 'subscribe' AND t.{LHS_HASH} IS DISTINCT FROM s.{LHS_HASH}",
+            update_condition=f"s._action = 'subscribe' AND (t.{LHS_HASH} IS DISTINCT FROM s.{LHS_HASH})",
             insert_condition="s._action = 'subscribe'",
             exclude_columns=("_action",),
         ),
@@ -218,7 +218,7 @@ def remove_subscriptions(
         path,
         source,
         MergeSpec(
-            on=on + f" AND t.{LHS_HASH} IS NOT DISTINCT FROM s.{LHS_HASH}",
+            on=on + f" AND (t.{LHS_HASH} IS NOT DISTINCT FROM s.{LHS_HASH})",
             update=False,
             insert=False,
             delete_condition="true",

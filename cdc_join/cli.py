@@ -1,0 +1,67 @@
+"""``cdc-join``: a thin argparse shim over :class:`cdc_join.pipeline.Pipeline`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from cdc_join.errors import CdcJoinError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cdc-join", description=__doc__)
+    parser.add_argument("--storage", choices=["auto", "delta-rs", "delta-spark"], default=None,
+                        help="storage backend (default: $CDC_JOIN_STORAGE or auto)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="ingest new landing files, then one incremental join run")
+    run.add_argument("config", help="pipeline YAML")
+    run.add_argument("--no-ingest", action="store_true", help="skip ingest (bronze is filled by another tool)")
+    full = sub.add_parser("full-refresh", help="rebuild state, subscriptions and silver from bronze")
+    full.add_argument("config")
+    verify = sub.add_parser("verify", help="compare silver with a full recompute; exit 1 on any difference")
+    verify.add_argument("config")
+    verify.add_argument("--repair", action="store_true", help="fix silver in place when it differs")
+    demo = sub.add_parser("demo", help="run a self-contained example on the inventory sample data")
+    demo.add_argument("--dir", default=None, help="working folder (default: a new temporary folder)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _dispatch(args)
+    except CdcJoinError as e:
+        print(f"cdc-join: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "demo":
+        from cdc_join.demo import run_demo
+
+        run_demo(args.dir)
+        return 0
+    from cdc_join.config import load_config
+    from cdc_join.pipeline import Pipeline
+    from cdc_join.session import get_spark
+    from cdc_join.storage import get_storage
+
+    config = load_config(args.config)
+    spark = get_spark(f"cdc_join:{config.name}")
+    pipeline = Pipeline(config, spark, get_storage(spark, args.storage), progress=print)
+    if args.command == "run":
+        print(pipeline.run(ingest=not args.no_ingest).summary())
+        return 0
+    if args.command == "full-refresh":
+        print(pipeline.full_refresh().summary())
+        return 0
+    if args.command == "verify":
+        result = pipeline.verify(repair=args.repair)
+        print(result.summary())
+        return 0 if result.ok or result.repaired else 1
+    raise AssertionError(args.command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

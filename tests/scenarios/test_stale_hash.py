@@ -1,0 +1,79 @@
+"""The seed's "Original Value Hash" example: a response computed for an old left value arrives
+after the left row changed, and must be discarded rather than produce ``A|Y,2,bar`` twice.
+
+Stages are driven by hand: the response is computed while the left row is ``A|Y,1``, the row
+then changes to ``A|Y,2`` in a completed run, and only then is the old response resolved.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import functions as F
+
+from cdc_join import lookup, resolve
+from cdc_join.subscription import LHS_HASH, fk_columns, pk_columns
+from tests.support import make_pipeline, silver_rows
+
+
+def _responses_for_right_key(pipeline, key: int):
+    cfg, store = pipeline.config, pipeline.storage
+    join = cfg.joins[0]
+    changed = pipeline.spark.createDataFrame([(key,)], "fk_fk long")
+    responses, _, _ = lookup.right_driven_responses(
+        store,
+        cfg.subscription_path(join),
+        None,
+        cfg.state_path("rhs"),
+        None,
+        changed,
+        cfg.left_source,
+        join,
+        cfg.sources["rhs"],
+    )
+    return responses.cache()
+
+
+def test_response_for_an_old_left_value_is_rejected_by_the_hash_check(tmp_path, spark, storage):
+    pipeline, w = make_pipeline(tmp_path, spark, storage, join_type="inner")
+    cfg = pipeline.config
+    w.write("rhs", [w.upsert("rhs", {"id": 7, "value": "bar"}, 1)])  # 1- RHS is updated to Y|bar
+    w.write("lhs", [w.upsert("lhs", {"id": "A", "fk": 7, "v": 1}, 2)])  # 2- LHS is updated to A|Y,1
+    pipeline.run()
+    in_flight = _responses_for_right_key(pipeline, 7)  # 4- RHS answers the first Y|A+ message
+    assert in_flight.count() == 1
+
+    w.write("lhs", [w.upsert("lhs", {"id": "A", "fk": 7, "v": 2}, 3)])  # 3- LHS is updated to A|Y,2
+    pipeline.run()
+    assert silver_rows(pipeline) == {("A", 7, 2, "bar")}
+
+    left_state = storage.read(cfg.state_path("lhs"))
+    stale = resolve.check_responses(in_flight, left_state, cfg, cfg.joins[0])  # 5- LHS processes it
+    assert stale.valid.count() == 0
+    assert stale.stale.count() == 1
+
+    fresh = resolve.check_responses(_responses_for_right_key(pipeline, 7), left_state, cfg, cfg.joins[0])
+    assert fresh.valid.count() == 1
+    assert fresh.stale.count() == 0
+
+
+def test_leftover_subscription_of_a_crashed_run_is_dropped_as_stale_and_removed(tmp_path, spark, storage):
+    pipeline, w = make_pipeline(tmp_path, spark, storage, join_type="left")
+    cfg = pipeline.config
+    join = cfg.joins[0]
+    w.write("rhs", [w.upsert("rhs", {"id": 1, "value": "one"}, 1), w.upsert("rhs", {"id": 2, "value": "two"}, 2)])
+    w.write("lhs", [w.upsert("lhs", {"id": "k", "fk": 2, "v": 1}, 3)])
+    pipeline.run()
+    # A leftover CombinedKey(1, k): as if a run died after subscribing k to fk 1.
+    sub_path = cfg.subscription_path(join)
+    current = storage.read(sub_path)
+    leftover = current.withColumn("fk_fk", F.lit(1).cast("long")).withColumn(LHS_HASH, F.lit(12345).cast("long"))
+    storage.append(sub_path, leftover)
+    assert storage.read(sub_path).count() == 2
+
+    w.write("rhs", [w.upsert("rhs", {"id": 1, "value": "one, renamed"}, 4)])
+    report = pipeline.run()
+    assert report.steps["resolve"]["stale_dropped"] == 1
+    assert report.steps["cleanup"]["stale_subscriptions_removed"] == 1
+    assert silver_rows(pipeline) == {("k", 2, 1, "two")}
+    remaining = {tuple(r) for r in storage.read(sub_path).select(*fk_columns(join), *pk_columns(cfg.left_source)).collect()}
+    assert remaining == {(2, "k")}
+    assert pipeline.verify().ok

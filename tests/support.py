@@ -1,0 +1,56 @@
+"""Helpers shared by scenario and property tests: build a pipeline folder, read silver."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from cdc_join.config import load_config
+from cdc_join.events import EventWriter
+from cdc_join.pipeline import Pipeline
+
+LHS_RHS_TABLES = {
+    "lhs": {"id": "string", "fk": "int64", "v": "int64"},
+    "rhs": {"id": "int64", "value": "string"},
+}
+
+
+def make_pipeline(
+    root: Path,
+    spark,
+    storage,
+    *,
+    tables: dict[str, dict[str, str]] = LHS_RHS_TABLES,
+    left: str = "lhs",
+    joins: list[dict[str, Any]] | None = None,
+    select: dict[str, str] | None = None,
+    join_type: str = "inner",
+) -> tuple[Pipeline, EventWriter]:
+    """A pipeline over ``tables`` landed under ``root``, with its event writer."""
+    writer = EventWriter(root / "landing", tables)
+    spec = {
+        "name": "test",
+        "lake": "lake",
+        "sources": {
+            t: {"landing": f"landing/{t}", "primary_key": [next(iter(cols))], "sequence_by": ["source.lsn"]}
+            for t, cols in tables.items()
+        },
+        "left": left,
+        "joins": joins or [{"right": "rhs", "foreign_key": ["fk"], "type": join_type}],
+        "select": select or {"key": "lhs.id", "fk": "lhs.fk", "v": "lhs.v", "value": "rhs.value"},
+        "output": "out",
+    }
+    path = root / "pipeline.yml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return Pipeline(load_config(path), spark, storage), writer
+
+
+def silver_rows(pipeline: Pipeline, columns: list[str] | None = None) -> set[tuple]:
+    """Silver's data columns as a set of tuples (empty before silver exists)."""
+    cfg = pipeline.config
+    if not pipeline.storage.exists(cfg.silver_path):
+        return set()
+    cols = columns or [name for name, _ in cfg.select]
+    return {tuple(r) for r in pipeline.storage.read(cfg.silver_path).select(*cols).collect()}
