@@ -13,6 +13,7 @@ subscription table is clustered by fk, so a few changed right keys read a few fi
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -22,7 +23,7 @@ from pyspark.sql.types import BooleanType, StringType, StructField, StructType
 
 from cdc_join.config import JoinConfig, SourceConfig
 from cdc_join.state import DELETED, SEQ, value_fields
-from cdc_join.storage import Storage
+from cdc_join.storage import FileStats, Storage
 from cdc_join.subscription import INSTRUCTION, LHS_HASH, Instruction, fk_columns, pk_columns
 
 RIGHT = "_right"
@@ -76,31 +77,48 @@ def read_matching(
     return matched, ScanStats(len(selected), len(files))
 
 
-def _candidate_files(
-    storage: Storage, files: list, schema: StructType, keys: DataFrame, first: tuple[str, str]
-) -> list[str]:
-    """Paths of the files whose [min, max] of the first key column contains some wanted key.
+#: Up to this many distinct wanted keys are matched against file ranges on the driver; more
+#: are range-joined in Spark. Either way only candidate paths (bounded by files) come back.
+DRIVER_PRUNING_KEYS = 10_000
 
-    The file list is small (one row per data file) and joined to the keys in Spark, so only
-    the list of candidate paths, bounded by the file count, comes back to the driver.
-    """
+
+def _candidate_files(
+    storage: Storage, files: list[FileStats], schema: StructType, keys: DataFrame, first: tuple[str, str]
+) -> list[str]:
+    """Paths of the files whose [min, max] of the first key column contains some wanted key."""
+    if len(files) == 1:
+        return [files[0].path]
     column, key_column = first
     data_type = schema[column].dataType
-    with_stats = [
-        f for f in files if f.min_values.get(column) is not None and f.max_values.get(column) is not None
-    ]
-    without_stats = [f.path for f in files if f not in with_stats]
-    if not with_stats:
-        return without_stats
-    ranges = storage.spark.createDataFrame(
-        [(f.path, f.min_values[column], f.max_values[column]) for f in with_stats],
-        StructType(
-            [StructField("path", StringType()), StructField("lo", data_type), StructField("hi", data_type)]
-        ),
-    )
+    ranged = [f for f in files if f.min_values.get(column) is not None and f.max_values.get(column) is not None]
+    unranged = {f.path for f in files} - {f.path for f in ranged}
+    if not ranged:
+        return sorted(unranged)
     wanted = keys.select(F.col(f"`{key_column}`").cast(data_type).alias("k")).distinct()
+    few = wanted.limit(DRIVER_PRUNING_KEYS + 1).collect()
+    if len(few) <= DRIVER_PRUNING_KEYS:
+        values = sorted({r.k for r in few if r.k is not None}, key=_sort_key)
+        return sorted(unranged | {f.path for f in ranged if _holds_any(f, column, values)})
+    ranges = storage.spark.createDataFrame(
+        [(f.path, f.min_values[column], f.max_values[column]) for f in ranged],
+        StructType([StructField("path", StringType()), StructField("lo", data_type), StructField("hi", data_type)]),
+    )
     hits = F.broadcast(ranges).join(wanted, (wanted.k >= ranges.lo) & (wanted.k <= ranges.hi))
-    return sorted({r.path for r in hits.select("path").distinct().collect()} | set(without_stats))
+    return sorted(unranged | {r.path for r in hits.select("path").distinct().collect()})
+
+
+def _sort_key(value: object) -> tuple[str, object]:
+    return (type(value).__name__, value)
+
+
+def _holds_any(file: FileStats, column: str, values: list) -> bool:
+    """Whether a sorted list of keys has one inside the file's range (bisect; True if unsure)."""
+    lo, hi = file.min_values[column], file.max_values[column]
+    try:
+        i = bisect.bisect_left(values, lo)
+        return i < len(values) and values[i] <= hi
+    except TypeError:
+        return True
 
 
 def right_rows(
