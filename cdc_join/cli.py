@@ -22,6 +22,11 @@ def build_parser() -> argparse.ArgumentParser:
     verify = sub.add_parser("verify", help="compare silver with a full recompute; exit 1 on any difference")
     verify.add_argument("config")
     verify.add_argument("--repair", action="store_true", help="fix silver in place when it differs")
+    check = sub.add_parser(
+        "check", help="data-quality checks on the silver rows a run touched; exit 1 when a 'fail' check fails"
+    )
+    check.add_argument("config")
+    check.add_argument("--run-id", type=int, default=None, help="the run to check (default: the newest)")
     demo = sub.add_parser("demo", help="run a self-contained example on the inventory sample data")
     demo.add_argument("--dir", default=None, help="working folder (default: a new temporary folder)")
     return parser
@@ -56,6 +61,12 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "full-refresh":
         print(pipeline.full_refresh().summary())
         return 0
+    if args.command == "check":
+        from cdc_join.quality import check
+
+        report = check(config, pipeline.storage, run_id=args.run_id)
+        print(report.summary())
+        return 0 if report.ok else 1
     if args.command == "verify":
         result = pipeline.verify(repair=args.repair)
         print(result.summary())

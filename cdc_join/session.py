@@ -29,6 +29,9 @@ def get_spark(app_name: str = "cdc_join", extra_conf: dict[str, str] | None = No
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
+    if os.environ.get("DATABRICKS_RUNTIME_VERSION"):
+        # The cluster's session is configured by the cluster; laptop defaults don't belong there.
+        return SparkSession.builder.getOrCreate()
     builder = SparkSession.builder.appName(app_name).master(
         os.environ.get("CDC_JOIN_SPARK_MASTER", "local[2]")
     )

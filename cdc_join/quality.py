@@ -1,0 +1,605 @@
+"""Data quality of silver after a run, checked with great-expectations (DESIGN.md §1, last box).
+
+The checks look at what a run touched: the silver rows whose key the run wrote (``_run_id``),
+read from the whole silver table with a keyed semi-join, so a key duplicated by an older row is
+still caught. Built-in checks, all on those rows:
+
+- ``pk_unique`` / ``pk_not_null`` on the merge key (``_pk_*``), severity ``fail``;
+- ``right_present:<alias>`` for every inner join: no row lacks its right side, severity ``fail``;
+- ``orphan_rate:<alias>`` for every left join: the share of rows whose (non-null) foreign key
+  names no right row, against ``quality.orphan_rate_max`` (reported only when not set);
+- ``freshness``: minutes between the newest source event processed (``_cdc_ts_ms`` of the
+  state tables at the run's checkpoint) and the wall clock, when ``quality.freshness_max_minutes``
+  is set;
+- ``expectation:<name>``: any great-expectations expectation from the pipeline YAML.
+
+The ``quality:`` section of the pipeline YAML::
+
+    quality:
+      orphan_rate_max: {customers: 0.05}   # per left-join alias, or one number for all
+      freshness_max_minutes: 1440
+      severity: {orphan_rate: fail, freshness: warn}   # the defaults
+      expectations:
+        - expectation: expect_column_values_to_be_between
+          kwargs: {column: quantity, min_value: 0}
+          severity: fail                     # or warn; default fail
+          name: quantity_not_negative        # optional; default: the expectation's name
+
+Every result becomes one row of the quality-results Delta table (``config.quality_path``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+import great_expectations as gx
+import pandas as pd
+from great_expectations.core.expectation_suite import ExpectationSuite
+from great_expectations.data_context.types.base import ProgressBarsConfig
+from great_expectations.exceptions import ExpectationNotFoundError
+from great_expectations.expectations.expectation import Expectation
+from great_expectations.expectations.registry import get_expectation_impl
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType, TimestampType
+
+from cdc_join.config import JoinType, PipelineConfig
+from cdc_join.errors import ConfigError, InputError
+from cdc_join.lookup import read_matching
+from cdc_join.resolve import RUN_ID, output_columns, silver_key_columns
+from cdc_join.runlog import Checkpoint
+from cdc_join.state import DELETED, TS_MS
+from cdc_join.storage import Storage
+
+WARN, FAIL = "warn", "fail"
+SEVERITIES = (WARN, FAIL)
+DEFAULT_SEVERITY = {"orphan_rate": FAIL, "freshness": WARN}
+
+RESULTS_SCHEMA = StructType(
+    [
+        StructField("run_id", LongType(), False),
+        StructField("check", StringType(), False),
+        StructField("column", StringType(), True),
+        StructField("success", BooleanType(), False),
+        StructField("severity", StringType(), False),
+        StructField("observed", StringType(), True),
+        StructField("details", StringType(), True),
+        StructField("checked_at", TimestampType(), False),
+    ]
+)
+
+_TOP_KEYS = {"orphan_rate_max", "freshness_max_minutes", "severity", "expectations"}
+_EXPECTATION_KEYS = {"expectation", "kwargs", "severity", "name"}
+_COLUMN_KWARGS = ("column", "column_A", "column_B")
+
+
+# -- the quality: section --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class UserExpectation:
+    """One expectation from the YAML: a great-expectations expectation name and its arguments."""
+
+    name: str
+    expectation: str
+    kwargs: Mapping[str, Any]
+    severity: str
+
+    def build(self, meta: Mapping[str, Any]) -> Expectation:
+        """The great-expectations object (its pydantic model checks the arguments)."""
+        return get_expectation_impl(self.expectation)(**self.kwargs, meta=dict(meta))
+
+
+@dataclass(frozen=True)
+class QualitySettings:
+    """The validated ``quality:`` section of a pipeline."""
+
+    orphan_rate_max: Mapping[str, float] = field(default_factory=dict)
+    freshness_max_minutes: float | None = None
+    severity: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_SEVERITY))
+    expectations: tuple[UserExpectation, ...] = ()
+
+
+def parse_quality(config: PipelineConfig) -> QualitySettings:
+    """Validate ``config.quality``; errors name the ``quality.…`` key.
+
+    Raises:
+        ConfigError: an unknown key, a threshold out of range, an unknown join alias or
+            expectation, expectation arguments great-expectations rejects, or a column that
+            silver does not have.
+    """
+    raw = config.quality
+    _no_unknown(raw, _TOP_KEYS, "quality")
+    return QualitySettings(
+        orphan_rate_max=_orphan_thresholds(config, raw.get("orphan_rate_max")),
+        freshness_max_minutes=_freshness(raw.get("freshness_max_minutes")),
+        severity=_severities(raw.get("severity")),
+        expectations=_expectations(config, raw.get("expectations")),
+    )
+
+
+def left_join_aliases(config: PipelineConfig) -> list[str]:
+    """Aliases of the left joins (the ones with an orphan rate)."""
+    return [j.alias for j in config.joins if j.type is JoinType.LEFT]
+
+
+def silver_columns(config: PipelineConfig) -> list[str]:
+    """Every column of silver: merge key, select outputs, per-alias sequences, run id."""
+    aliases = [config.left, *(j.alias for j in config.joins)]
+    return [*silver_key_columns(config), *output_columns(config), *(f"_seq_{a}" for a in aliases), RUN_ID]
+
+
+def _orphan_thresholds(config: PipelineConfig, raw: Any) -> dict[str, float]:
+    key = "quality.orphan_rate_max"
+    lefts = left_join_aliases(config)
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        return {alias: _rate(raw, key) for alias in lefts}
+    for alias in raw:
+        if alias not in lefts:
+            raise ConfigError(f"{alias!r} is not a left join; left joins are {lefts}", key=f"{key}.{alias}")
+    return {str(alias): _rate(value, f"{key}.{alias}") for alias, value in raw.items()}
+
+
+def _rate(value: Any, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ConfigError(f"must be a number from 0 to 1, got {value!r}", key=key)
+    return float(value)
+
+
+def _freshness(raw: Any) -> float | None:
+    if raw is None:
+        return None
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not math.isfinite(raw) or raw <= 0:
+        raise ConfigError(
+            f"must be a positive number of minutes, got {raw!r}", key="quality.freshness_max_minutes"
+        )
+    return float(raw)
+
+
+def _severities(raw: Any) -> dict[str, str]:
+    if raw is None:
+        return dict(DEFAULT_SEVERITY)
+    if not isinstance(raw, Mapping):
+        raise ConfigError("must be a mapping of check to warn/fail", key="quality.severity")
+    _no_unknown(raw, set(DEFAULT_SEVERITY), "quality.severity")
+    return {**DEFAULT_SEVERITY, **{k: _severity(v, f"quality.severity.{k}") for k, v in raw.items()}}
+
+
+def _severity(value: Any, key: str) -> str:
+    if value not in SEVERITIES:
+        raise ConfigError(f"must be 'warn' or 'fail', got {value!r}", key=key)
+    return str(value)
+
+
+def _expectations(config: PipelineConfig, raw: Any) -> tuple[UserExpectation, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise ConfigError("must be a list of expectations", key="quality.expectations")
+    parsed = [_expectation(config, spec, f"quality.expectations[{i}]") for i, spec in enumerate(raw)]
+    names: set[str] = set()
+    calls: set[str] = set()
+    for i, e in enumerate(parsed):
+        if e.name in names:
+            raise ConfigError(
+                f"two expectations are named {e.name!r}; give each its own 'name'",
+                key=f"quality.expectations[{i}].name",
+            )
+        # A suite keeps one of two expectations with equal arguments, so one result would vanish.
+        call = json.dumps([e.expectation, e.kwargs], sort_keys=True, default=str)
+        if call in calls:
+            raise ConfigError(
+                "repeats an earlier expectation with the same arguments", key=f"quality.expectations[{i}]"
+            )
+        names.add(e.name)
+        calls.add(call)
+    return tuple(parsed)
+
+
+def _expectation(config: PipelineConfig, spec: Any, key: str) -> UserExpectation:
+    if not isinstance(spec, Mapping):
+        raise ConfigError("must be a mapping with 'expectation', 'kwargs' and 'severity'", key=key)
+    _no_unknown(spec, _EXPECTATION_KEYS, key)
+    name = spec.get("expectation")
+    if not isinstance(name, str) or not name:
+        raise ConfigError("is required: a great-expectations expectation name", key=f"{key}.expectation")
+    try:
+        get_expectation_impl(name)
+    except ExpectationNotFoundError:
+        raise ConfigError(
+            f"unknown expectation {name!r} (names look like expect_column_values_to_be_between)",
+            key=f"{key}.expectation",
+        ) from None
+    kwargs = spec.get("kwargs") or {}
+    if not isinstance(kwargs, Mapping):
+        raise ConfigError("must be a mapping of argument to value", key=f"{key}.kwargs")
+    _check_columns(config, kwargs, f"{key}.kwargs")
+    label = spec.get("name", name)
+    if not isinstance(label, str) or not label.strip():
+        raise ConfigError(f"must be a non-empty string, got {label!r}", key=f"{key}.name")
+    expectation = UserExpectation(
+        label.strip(), name, dict(kwargs), _severity(spec.get("severity", FAIL), f"{key}.severity")
+    )
+    try:
+        expectation.build({})
+    except Exception as e:  # pydantic's ValidationError, or a TypeError of the constructor
+        raise ConfigError(f"{name} rejects these arguments: {_first_lines(e)}", key=f"{key}.kwargs") from None
+    return expectation
+
+
+def _check_columns(config: PipelineConfig, kwargs: Mapping[str, Any], key: str) -> None:
+    known = silver_columns(config)
+    named = [(k, kwargs[k]) for k in _COLUMN_KWARGS if k in kwargs]
+    named += [(f"column_list[{i}]", c) for i, c in enumerate(kwargs.get("column_list") or [])]
+    for k, column in named:
+        if column not in known:
+            raise ConfigError(f"silver has no column {column!r}; it has {known}", key=f"{key}.{k}")
+
+
+def _no_unknown(raw: Mapping[str, Any], allowed: set[str], parent: str) -> None:
+    for k in raw:
+        if k not in allowed:
+            raise ConfigError(f"unknown key; expected one of {sorted(allowed)}", key=f"{parent}.{k}")
+
+
+def _first_lines(error: Exception, limit: int = 6) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return "; ".join(lines[:limit])
+
+
+# -- results ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One expectation's outcome (one row of the quality-results table)."""
+
+    check: str
+    column: str | None
+    success: bool
+    severity: str
+    observed: str
+    details: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class QualityReport:
+    """The checks of one run. ``failed`` holds the failures of severity ``fail``."""
+
+    run_id: int | None
+    rows_checked: int
+    results: tuple[CheckResult, ...] = ()
+    note: str = ""
+
+    @property
+    def failed(self) -> list[CheckResult]:
+        return [r for r in self.results if not r.success and r.severity == FAIL]
+
+    @property
+    def warnings(self) -> list[CheckResult]:
+        return [r for r in self.results if not r.success and r.severity == WARN]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+    def summary(self) -> str:
+        """A few lines a person reads after a run."""
+        if not self.results:
+            return f"quality: nothing checked ({self.note})"
+        head = (
+            f"quality of run {self.run_id}: {len(self.results)} checks on {self.rows_checked} touched rows, "
+            f"{len(self.failed)} failed, {len(self.warnings)} warnings"
+        )
+        lines = [head]
+        for r in self.results:
+            status = "ok" if r.success else ("FAIL" if r.severity == FAIL else "WARN")
+            where = f" ({r.column})" if r.column else ""
+            lines.append(f"  {status:<5} {r.check}{where}: {r.observed}")
+        return "\n".join(lines)
+
+
+# -- running the checks ----------------------------------------------------------------------
+
+
+def check(
+    config: PipelineConfig,
+    storage: Storage,
+    *,
+    run_id: int | None = None,
+    now: datetime | None = None,
+    write: bool = True,
+) -> QualityReport:
+    """Check the silver rows a run touched; append the results to the quality table.
+
+    Args:
+        config: the pipeline (its ``quality:`` section configures the checks).
+        storage: the storage backend.
+        run_id: the run to check (default: the newest in the run log).
+        now: the wall clock for freshness (default: the current time).
+        write: whether to append the results to ``config.quality_path``.
+
+    Returns:
+        The results; ``report.ok`` is false when an expectation of severity ``fail`` failed.
+
+    Raises:
+        ConfigError: the ``quality:`` section is invalid.
+        InputError: ``run_id`` is not in the run log.
+    """
+    settings = parse_quality(config)
+    run = _run_to_check(storage, config, run_id)
+    if run is None:
+        return QualityReport(run_id, 0, note="no completed run in the run log yet")
+    if not storage.exists(config.silver_path):
+        return QualityReport(run.run_id, 0, note="silver does not exist yet (sources still waiting)")
+    context = _context()  # suites attach to the current context, so it comes first
+    rows = touched_rows(config, storage, run).cache()
+    try:
+        count = rows.count()
+        results = _validate(context, rows, _row_suite(config, settings), count)
+    finally:
+        rows.unpersist()
+    if settings.freshness_max_minutes is not None:
+        clock = now or datetime.now(timezone.utc)
+        results.append(_check_freshness(context, config, storage, run, settings, clock))
+    report = QualityReport(run.run_id, count, tuple(results))
+    if write:
+        write_results(config, storage, report)
+    return report
+
+
+def touched_rows(config: PipelineConfig, storage: Storage, run: Checkpoint) -> DataFrame:
+    """Silver rows whose key the run wrote, with ``_has_right_<alias>`` per left join.
+
+    ``_has_right_<alias>`` is true when the row has its right side, false when its foreign key
+    names no right row (an orphan), and null when the foreign key is null (nothing to find).
+    """
+    keys = silver_key_columns(config)
+    silver = storage.read(config.silver_path)
+    written = silver.filter(F.col(RUN_ID) == run.run_id).select(*keys).distinct()
+    # The whole table, restricted to the written keys: an older row sharing a key is a duplicate.
+    # Null-safe, so a row written with a null key reaches the not-null check.
+    wanted = written.select(*[F.col(k).alias(f"_written{k}") for k in keys])
+    same_key = [silver[k].eqNullSafe(wanted[f"_written{k}"]) for k in keys]
+    rows = silver.join(wanted, same_key, "left_semi")
+    lefts = [j for j in config.joins if j.type is JoinType.LEFT]
+    if not lefts:
+        return rows
+    fks = _foreign_keys(config, storage, run, written)
+    rows = rows.join(fks, keys, "left")
+    for join in lefts:
+        fk_null = _any_null([F.col(f"_fk_{join.alias}_{c}") for c in join.foreign_key])
+        has_right = F.when(fk_null, F.lit(None)).otherwise(F.col(f"_seq_{join.alias}").isNotNull())
+        rows = rows.withColumn(f"_has_right_{join.alias}", has_right)
+    return rows.drop(*[c for c in rows.columns if c.startswith("_fk_")])
+
+
+def _foreign_keys(config: PipelineConfig, storage: Storage, run: Checkpoint, written: DataFrame) -> DataFrame:
+    """The left-join foreign keys of the written keys, from the left state the run processed."""
+    pk = config.left_source.primary_key
+    wanted = written.select(*[F.col(f"_pk_{c}").alias(c) for c in pk])
+    version = run.state_versions.get(config.left)
+    state, _ = read_matching(storage, config.state_path(config.left), wanted, [(c, c) for c in pk], version)
+    return state.filter(~F.col(DELETED)).select(
+        *[F.col(f"`{c}`").alias(f"_pk_{c}") for c in pk],
+        *[
+            F.col(f"`{c}`").alias(f"_fk_{j.alias}_{c}")
+            for j in config.joins
+            if j.type is JoinType.LEFT
+            for c in j.foreign_key
+        ],
+    )
+
+
+def _any_null(columns: Sequence[Column]) -> Column:
+    out = F.lit(False)
+    for c in columns:
+        out = out | c.isNull()
+    return out
+
+
+def _row_suite(config: PipelineConfig, settings: QualitySettings) -> ExpectationSuite:
+    """Built-in and user expectations over :func:`touched_rows`."""
+    expect = gx.expectations
+    keys = silver_key_columns(config)
+    unique_meta = _meta("pk_unique", ",".join(keys), FAIL)
+    items: list[Expectation] = [
+        expect.ExpectColumnValuesToBeUnique(column=keys[0], meta=unique_meta)
+        if len(keys) == 1
+        else expect.ExpectCompoundColumnsToBeUnique(column_list=keys, meta=unique_meta)
+    ]
+    items += [
+        expect.ExpectColumnValuesToNotBeNull(column=k, meta=_meta("pk_not_null", k, FAIL)) for k in keys
+    ]
+    for join in config.joins:
+        seq = f"_seq_{join.alias}"
+        if join.type is JoinType.INNER:
+            meta = _meta(f"right_present:{join.alias}", seq, FAIL)
+            items.append(expect.ExpectColumnValuesToNotBeNull(column=seq, meta=meta))
+        else:
+            items.append(_orphan_expectation(join.alias, settings))
+    items += [
+        e.build(_meta(f"expectation:{e.name}", _columns_of(e.kwargs), e.severity))
+        for e in settings.expectations
+    ]
+    suite = ExpectationSuite(name=f"{config.name}_silver")
+    for item in items:
+        suite.add_expectation(item)
+    return suite
+
+
+def _orphan_expectation(alias: str, settings: QualitySettings) -> Expectation:
+    """Orphan rate = false / non-null of ``_has_right_<alias>``; ``mostly`` caps it."""
+    limit = settings.orphan_rate_max.get(alias)
+    meta = _meta(
+        f"orphan_rate:{alias}", f"_seq_{alias}", settings.severity["orphan_rate"], kind="orphan_rate"
+    )
+    meta["threshold"] = limit
+    return gx.expectations.ExpectColumnValuesToBeInSet(
+        column=f"_has_right_{alias}",
+        value_set=[True],
+        mostly=1.0 - (1.0 if limit is None else limit),
+        meta=meta,
+    )
+
+
+def _meta(check_name: str, column: str | None, severity: str, kind: str = "") -> dict[str, Any]:
+    return {"check": check_name, "column": column, "severity": severity, "kind": kind}
+
+
+def _columns_of(kwargs: Mapping[str, Any]) -> str | None:
+    names = [str(kwargs[k]) for k in _COLUMN_KWARGS if k in kwargs] + [
+        str(c) for c in kwargs.get("column_list") or []
+    ]
+    return ",".join(names) or None
+
+
+def _context() -> Any:
+    context = gx.get_context(mode="ephemeral")
+    # Job logs are read by people; a progress bar per metric batch is noise there.
+    context.variables.progress_bars = ProgressBarsConfig(globally=False)
+    return context
+
+
+def _validate(context: Any, rows: DataFrame, suite: ExpectationSuite, count: int) -> list[CheckResult]:
+    batch = (
+        context.data_sources.add_spark("silver")
+        .add_dataframe_asset("touched_rows")
+        .add_batch_definition_whole_dataframe("run")
+        .get_batch(batch_parameters={"dataframe": rows})
+    )
+    outcome = batch.validate(suite, result_format="SUMMARY")
+    results = [_result(r, {"rows_checked": count}) for r in outcome.results]
+    order = {(e.meta or {}).get("check"): i for i, e in enumerate(suite.expectations)}
+    # great-expectations groups results by domain; the suite's order reads better.
+    return sorted(results, key=lambda r: (order.get(r.check, len(order)), r.column or ""))
+
+
+def _result(gx_result: Any, extra: Mapping[str, Any]) -> CheckResult:
+    cfg = gx_result.expectation_config
+    meta = dict(cfg.meta or {})
+    result = dict(gx_result.result or {})
+    error = (gx_result.exception_info or {}).get("exception_message")
+    success = bool(gx_result.success) and not error
+    details = {
+        "expectation": cfg.type,
+        "kwargs": {k: v for k, v in cfg.kwargs.items() if k != "batch_id"},
+        "result": result,
+        "exception": error,
+        **extra,
+    }
+    if meta.get("kind") == "orphan_rate":
+        details["threshold"] = meta.get("threshold")
+    return CheckResult(
+        meta["check"], meta.get("column"), success, meta["severity"], _observed(meta, result, error), details
+    )
+
+
+def _observed(meta: Mapping[str, Any], result: Mapping[str, Any], error: str | None) -> str:
+    if error:
+        return f"error: {error.splitlines()[0][:200]}"
+    if meta.get("kind") == "orphan_rate":
+        rate = (result.get("unexpected_percent") or 0.0) / 100
+        limit = meta.get("threshold")
+        bound = "no threshold" if limit is None else f"max {limit:g}"
+        return f"orphan rate {rate:.4f} ({result.get('unexpected_count') or 0} rows), {bound}"
+    if meta.get("kind") == "freshness":
+        lag = result.get("observed_value", float("nan"))
+        return f"newest event {lag:.1f} min old, max {meta['threshold']:g}"
+    if "observed_value" in result:
+        return f"observed {result['observed_value']}"
+    if "element_count" in result:
+        return f"{result.get('unexpected_count') or 0} of {result['element_count']} rows unexpected"
+    return ""
+
+
+# -- freshness -------------------------------------------------------------------------------
+
+
+def _check_freshness(
+    context: Any,
+    config: PipelineConfig,
+    storage: Storage,
+    run: Checkpoint,
+    settings: QualitySettings,
+    now: datetime,
+) -> CheckResult:
+    """Minutes from the newest event the run processed (any source) to ``now``."""
+    newest = {s: _newest_event_ms(storage, config.state_path(s), v) for s, v in run.state_versions.items()}
+    known = {s: ms for s, ms in newest.items() if ms is not None}
+    limit = settings.freshness_max_minutes
+    severity = settings.severity["freshness"]
+    if not known:
+        return CheckResult(
+            "freshness", TS_MS, False, severity, "no source event carries ts_ms", {"newest_ms": newest}
+        )
+    now_ms = now.timestamp() * 1000
+    frame = pd.DataFrame(
+        {"source": list(known), "lag_minutes": [(now_ms - ms) / 60_000 for ms in known.values()]}
+    )
+    meta = _meta("freshness", TS_MS, severity, kind="freshness")
+    meta["threshold"] = limit
+    expectation = gx.expectations.ExpectColumnMinToBeBetween(column="lag_minutes", max_value=limit, meta=meta)
+    batch = (
+        context.data_sources.add_pandas("sources")
+        .add_dataframe_asset("newest_events")
+        .add_batch_definition_whole_dataframe("run")
+        .get_batch(batch_parameters={"dataframe": frame})
+    )
+    extra = {"newest_ms": known, "now": now.isoformat()}
+    return _result(batch.validate(expectation, result_format="SUMMARY"), extra)
+
+
+def _newest_event_ms(storage: Storage, path: str, version: int) -> int | None:
+    """Largest ``_cdc_ts_ms`` of a state table version, from file statistics when all have it."""
+    if not storage.exists(path):
+        return None
+    files = [f for f in storage.files(path, version) if f.num_records != 0]
+    maxima = [f.max_values.get(TS_MS) for f in files]
+    if files and all(m is not None for m in maxima):
+        return max(int(m) for m in maxima if m is not None)
+    row = storage.read(path, version).agg(F.max(TS_MS).alias("newest")).first()
+    return None if row is None or row["newest"] is None else int(row["newest"])
+
+
+# -- the run and the results table -----------------------------------------------------------
+
+
+def _run_to_check(storage: Storage, config: PipelineConfig, run_id: int | None) -> Checkpoint | None:
+    """The checkpoint of ``run_id`` (default: the newest run), read from the run log."""
+    if not storage.exists(config.runs_path):
+        if run_id is not None:
+            raise InputError(f"run {run_id} is not in the run log {config.runs_path} (no run yet)")
+        return None
+    runs = storage.read(config.runs_path)
+    wanted = runs if run_id is None else runs.filter(F.col("run_id") == run_id)
+    row = wanted.orderBy(F.col("run_id").desc()).select("checkpoint").first()
+    if row is None:
+        if run_id is not None:
+            raise InputError(f"run {run_id} is not in the run log {config.runs_path}")
+        return None
+    return Checkpoint.from_json(row["checkpoint"])
+
+
+def write_results(config: PipelineConfig, storage: Storage, report: QualityReport) -> None:
+    """Append one row per result to the quality-results table (created on first use)."""
+    if not report.results or report.run_id is None:
+        return
+    checked_at = datetime.now(timezone.utc)
+    rows = [
+        (report.run_id, r.check, r.column, r.success, r.severity, r.observed, _json(r.details), checked_at)
+        for r in report.results
+    ]
+    storage.create(config.quality_path, RESULTS_SCHEMA, cdf=False)
+    storage.append(config.quality_path, storage.spark.createDataFrame(rows, RESULTS_SCHEMA))
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
