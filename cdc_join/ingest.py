@@ -1,0 +1,351 @@
+"""Landing files → bronze, exactly once per file.
+
+A run lists a source's landing folder (``*.json``, ``*.jsonl``; names starting with ``_`` or
+``.`` are files still being written), drops the files the ingest log already names, reads the
+rest with Spark's text reader and parses them with :func:`cdc_join.debezium.parse_events`.
+
+Exactly once, even when a run is killed between any two steps, comes from the order of the
+writes and from making each write idempotent:
+
+1. bronze: an INSERT-only MERGE on ``(_file, _line)``: a line already there is skipped;
+2. quarantine: the same on ``(source, _file, _line)``;
+3. the ingest log, appended last: once a file is named there it is never read again.
+
+A run killed before step 3 leaves its files out of the log, so the next run reads them again,
+and the two MERGEs insert only the lines the killed run did not write.
+
+Tables: bronze at ``config.bronze_path(source)`` (the event columns of
+:data:`cdc_join.debezium.EVENT_COLUMNS` plus ``_ingested_at``), one quarantine table for all
+sources at ``config.quarantine_path``, the ingest log at ``config.ingest_log_path``. All are
+created with Change Data Feed on. ``_file`` is the file's name inside its landing folder, so
+moving or re-mounting the folder does not make its files new.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import astuple, dataclass
+from datetime import datetime, timezone
+
+from pyspark.errors import AnalysisException
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    ArrayType,
+    DataType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from cdc_join.config import PipelineConfig
+from cdc_join.debezium import QUARANTINE_SCHEMA, ParsedBatch, parse_events
+from cdc_join.errors import InputError
+from cdc_join.storage.base import MergeSpec, Storage
+
+STEPS = ("bronze", "quarantine", "log")
+"""The writes of one ingest, in order; ``after_step`` hooks see these names."""
+
+INGEST_LOG_SCHEMA = StructType(
+    [
+        StructField("source", StringType()),
+        StructField("file", StringType()),
+        StructField("size", LongType()),
+        StructField("lines", LongType()),
+        StructField("events", LongType()),
+        StructField("quarantined", LongType()),
+        StructField("tombstones", LongType()),
+        StructField("ingested_at", TimestampType()),
+    ]
+)
+QUARANTINE_TABLE_SCHEMA = StructType(
+    [*QUARANTINE_SCHEMA.fields, StructField("_ingested_at", TimestampType())]
+)
+
+_BRONZE_MERGE = MergeSpec(on="t._file = s._file AND t._line = s._line", update=False, merge_schema=True)
+_QUARANTINE_MERGE = MergeSpec(
+    on="t.source = s.source AND t._file = s._file AND t._line = s._line", update=False, merge_schema=True
+)
+_LANDING_SUFFIXES = (".json", ".jsonl")
+_GLOB_SPECIAL = re.compile(r"([\\\[\]{}*?])")
+
+StepHook = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class IngestReport:
+    """What one ingest of one source did.
+
+    ``lines`` counts non-blank lines: ``lines == events + quarantined + tombstones``.
+    """
+
+    source: str
+    files: int
+    lines: int
+    events: int
+    tombstones: int
+    quarantined: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class LandedFile:
+    """A landing file: its name inside the folder, the path Spark reads, its size in bytes."""
+
+    name: str
+    path: str
+    size: int
+
+
+@dataclass(frozen=True)
+class _FileCounts:
+    lines: int = 0
+    events: int = 0
+    quarantined: int = 0
+    tombstones: int = 0
+
+
+def ingest_all(
+    spark: SparkSession, storage: Storage, config: PipelineConfig, *, after_step: StepHook | None = None
+) -> dict[str, IngestReport]:
+    """Ingest every source that has a landing folder; see :func:`ingest_source`."""
+    return {
+        name: ingest_source(spark, storage, config, name, after_step=after_step)
+        for name, source in config.sources.items()
+        if source.landing is not None
+    }
+
+
+def ingest_source(
+    spark: SparkSession,
+    storage: Storage,
+    config: PipelineConfig,
+    source_name: str,
+    *,
+    after_step: StepHook | None = None,
+) -> IngestReport:
+    """Ingest the landing files of one source that the ingest log does not name yet.
+
+    Args:
+        spark: the session.
+        storage: the Delta backend.
+        config: the pipeline.
+        source_name: a source with a ``landing`` folder.
+        after_step: called with each name of :data:`STEPS` after that write; an exception it
+            raises stops the ingest there (tests use it to simulate a crash).
+
+    Returns:
+        Counts of this run (all zero when there was nothing new).
+
+    Raises:
+        InputError: the source has no landing folder, or its lines cannot be ingested as a
+            whole (see :func:`cdc_join.debezium.parse_events`).
+    """
+    started = time.monotonic()
+    source = config.sources[source_name]
+    if source.landing is None:
+        raise InputError(f"source {source_name!r} has no landing folder to ingest")
+    done = ingested_files(storage, config, source_name)
+    pending = [f for f in list_landing(spark, source.landing) if f.name not in done]
+    counts = _ingest_files(spark, storage, config, source_name, pending, after_step) if pending else {}
+    total = _FileCounts(*(sum(column) for column in zip(*(astuple(c) for c in counts.values()), strict=True)))
+    return IngestReport(
+        source=source_name,
+        files=len(pending),
+        lines=total.lines,
+        events=total.events,
+        tombstones=total.tombstones,
+        quarantined=total.quarantined,
+        seconds=time.monotonic() - started,
+    )
+
+
+def _ingest_files(
+    spark: SparkSession,
+    storage: Storage,
+    config: PipelineConfig,
+    source_name: str,
+    pending: Sequence[LandedFile],
+    after_step: StepHook | None,
+) -> dict[str, _FileCounts]:
+    """Read and parse ``pending`` once (both cached), then write; see :func:`_write_all`."""
+    lines = read_lines(spark, pending).persist()
+    try:
+        known = _known_row(storage, config.bronze_path(source_name))
+        parsed = parse_events(lines, config.sources[source_name], known).persist()
+        try:
+            return _write_all(spark, storage, config, source_name, pending, parsed, after_step)
+        finally:
+            parsed.unpersist()
+    finally:
+        lines.unpersist()
+
+
+def _write_all(
+    spark: SparkSession,
+    storage: Storage,
+    config: PipelineConfig,
+    source_name: str,
+    pending: Sequence[LandedFile],
+    parsed: ParsedBatch,
+    after_step: StepHook | None,
+) -> dict[str, _FileCounts]:
+    """The three writes, in the order that makes a killed run safe to repeat."""
+    counts = _counts_by_file(parsed)
+    ingested_at = datetime.now(timezone.utc)
+    stamp = F.lit(ingested_at).cast(TimestampType())
+    _write_bronze(storage, config.bronze_path(source_name), source_name, parsed, stamp, counts)
+    _after(after_step, "bronze")
+    if any(c.quarantined for c in counts.values()):
+        storage.create(config.quarantine_path, QUARANTINE_TABLE_SCHEMA, cdf=True)
+        quarantined = parsed.quarantine.withColumn("_ingested_at", stamp)
+        storage.merge(config.quarantine_path, quarantined, _QUARANTINE_MERGE)
+    _after(after_step, "quarantine")
+    _append_log(spark, storage, config.ingest_log_path, source_name, pending, counts, ingested_at)
+    _after(after_step, "log")
+    return counts
+
+
+def _after(hook: StepHook | None, step: str) -> None:
+    if hook is not None:
+        hook(step)
+
+
+def _write_bronze(
+    storage: Storage,
+    path: str,
+    source_name: str,
+    parsed: ParsedBatch,
+    stamp: Column,
+    counts: Mapping[str, _FileCounts],
+) -> None:
+    if not any(c.events for c in counts.values()):
+        return
+    rows = parsed.events.withColumn("_ingested_at", stamp)
+    if not storage.exists(path):
+        if not parsed.row_schema.fields:
+            raise InputError(
+                f"source {source_name!r}: the first events have no row columns to create bronze with "
+                "(only truncates, or images holding only nulls)"
+            )
+        storage.create(path, rows.schema, cdf=True)
+    elif _field_paths(rows.schema) - _field_paths(storage.schema(path)):
+        # New columns inside _before/_after: a MERGE with schema evolution adds new top-level
+        # columns on every backend but not always nested fields; a zero-row append does.
+        storage.append(path, rows.limit(0), merge_schema=True)
+    storage.merge(path, rows, _BRONZE_MERGE)
+
+
+def _field_paths(dtype: DataType, prefix: str = "") -> set[str]:
+    """Dotted paths of every field, nested fields included (array elements as ``[]``)."""
+    if isinstance(dtype, ArrayType):
+        return _field_paths(dtype.elementType, prefix + "[]")
+    if not isinstance(dtype, StructType):
+        return set()
+    paths = set()
+    for f in dtype.fields:
+        paths |= {prefix + f.name} | _field_paths(f.dataType, prefix + f.name + ".")
+    return paths
+
+
+def _append_log(
+    spark: SparkSession,
+    storage: Storage,
+    path: str,
+    source_name: str,
+    pending: Sequence[LandedFile],
+    counts: Mapping[str, _FileCounts],
+    ingested_at: datetime,
+) -> None:
+    """One row per file read, including files without a single line."""
+    rows = []
+    for f in pending:
+        c = counts.get(f.name, _FileCounts())
+        rows.append(
+            (source_name, f.name, f.size, c.lines, c.events, c.quarantined, c.tombstones, ingested_at)
+        )
+    storage.create(path, INGEST_LOG_SCHEMA, cdf=True)
+    storage.append(path, spark.createDataFrame(rows, INGEST_LOG_SCHEMA))
+
+
+def _counts_by_file(parsed: ParsedBatch) -> dict[str, _FileCounts]:
+    """Per-file outcome counts, in one job over the (persisted) classified lines."""
+    rows = (
+        parsed.classified.groupBy("_file")
+        .agg(
+            F.count(F.lit(1)).alias("lines"),
+            F.count_if(F.col("__kind") == "event").alias("events"),
+            F.count_if(F.col("__kind") == "quarantine").alias("quarantined"),
+            F.count_if(F.col("__kind") == "tombstone").alias("tombstones"),
+        )
+        .collect()
+    )
+    return {r["_file"]: _FileCounts(r["lines"], r["events"], r["quarantined"], r["tombstones"]) for r in rows}
+
+
+def ingested_files(storage: Storage, config: PipelineConfig, source_name: str) -> set[str]:
+    """Names of the landing files of ``source_name`` the ingest log records as done."""
+    if not storage.exists(config.ingest_log_path):
+        return set()
+    log = storage.read(config.ingest_log_path).filter(F.col("source") == source_name)
+    return {r["file"] for r in log.select("file").distinct().collect()}
+
+
+def _known_row(storage: Storage, bronze_path: str) -> StructType | None:
+    if not storage.exists(bronze_path):
+        return None
+    schema = storage.schema(bronze_path)
+    after = schema["_after"].dataType if "_after" in schema.names else None
+    return after if isinstance(after, StructType) else None
+
+
+# -- landing folder --------------------------------------------------------------------------
+
+
+def list_landing(spark: SparkSession, folder: str) -> list[LandedFile]:
+    """The landing files directly in ``folder``, by name.
+
+    Listed through Spark (the ``binaryFile`` source, content not read), so any file system
+    Spark can read works, not only local folders.
+    """
+    pattern = f"{_glob_escape(folder.rstrip('/'))}/*.{{json,jsonl}}"
+    try:
+        found = spark.read.format("binaryFile").load(pattern).select("path", "length").collect()
+    except AnalysisException as exc:
+        if "PATH_NOT_FOUND" in str(exc.getCondition() or exc):
+            return []  # no file has landed yet (or the folder is not there yet)
+        raise
+    files = [LandedFile(r["path"].rsplit("/", 1)[-1], r["path"], int(r["length"])) for r in found]
+    return sorted((f for f in files if _is_landing_name(f.name)), key=lambda f: f.name)
+
+
+def _is_landing_name(name: str) -> bool:
+    return not name.startswith(("_", ".")) and name.endswith(_LANDING_SUFFIXES)
+
+
+def _glob_escape(path: str) -> str:
+    """Spark reads paths as Hadoop globs; a file name with ``[`` or ``*`` must not be one."""
+    return _GLOB_SPECIAL.sub(r"\\\1", path)
+
+
+def read_lines(spark: SparkSession, files: Sequence[LandedFile]) -> DataFrame:
+    """The lines of ``files`` as ``_file, _line (1-based), value``.
+
+    Each file is read whole and split on ``\\n`` (a ``\\r`` before it and a leading byte-order
+    mark are dropped), which gives exact line numbers; the empty string after a final newline
+    is not a line.
+    """
+    # _metadata.file_name is URL-encoded; '+' stays literal in it, so protect it from decoding.
+    name = "try_url_decode(replace(_metadata.file_name, '+', '%2B'))"
+    pieces = "split(value, '\\n', -1)"
+    without_last = f"slice({pieces}, 1, size({pieces}) - 1)"
+    kept = f"CASE WHEN element_at({pieces}, -1) = '' THEN {without_last} ELSE {pieces} END"
+    text = spark.read.text([_glob_escape(f.path) for f in files], wholetext=True)
+    exploded = text.selectExpr(f"{name} AS _file", f"posexplode({kept}) AS (pos, line)")
+    # A byte-order mark would make the first line invalid JSON; a \r is left by CRLF endings.
+    value = "regexp_replace(line, '^\\\\x{FEFF}|\\\\r$', '') AS value"
+    return exploded.selectExpr("_file", "CAST(pos + 1 AS BIGINT) AS _line", value)

@@ -1,0 +1,612 @@
+"""Unit tests of cdc_join.debezium: Debezium JSON lines → typed change rows and quarantine.
+
+The fixture files are real Debezium events (tests/fixtures/debezium/README.md lists where each
+comes from and the decoded values asserted here).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+from datetime import date, datetime, timezone
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import Row
+from pyspark.sql.types import DecimalType, LongType, StringType, StructField, StructType
+
+from cdc_join.config import SourceConfig
+from cdc_join.debezium import EVENT_COLUMNS, QUARANTINE_SCHEMA, SEQ_SEPARATOR, ParsedBatch, parse_events
+from cdc_join.errors import InputError
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "debezium"
+MYSQL_CUSTOMERS = {
+    "mysql-inventory-customers.schema.jsonl": "r r r r c u c u u d",
+    "mysql-inventory-customers.jsonl": "r r r r c u c u u d",
+    "mysql-inventory-customers.tutorial.schema.jsonl": "c c c c u d c c",
+    "mysql-inventory-customers.tutorial-tombstone.schema.jsonl": "",
+    "mysql-inventory-customers.v2.schema.jsonl": "d",
+    "mysql-inventory-customers.v3.jsonl": "r u",
+    "mysql-inventory-customers.debezium-serde-testdata.schema.jsonl": "c",
+    "mysql-inventory-customers.debezium-serde-testdata.jsonl": "c u",
+}
+
+
+@dataclass
+class Outcome:
+    """A parsed batch, collected: events and quarantine reasons by (file, line)."""
+
+    batch: ParsedBatch
+    events: dict[tuple[str, int], Any]
+    quarantine: dict[tuple[str, int], str]
+    tombstones: set[tuple[str, int]]
+
+    def only_event(self) -> Any:
+        assert len(self.events) == 1, self.quarantine
+        return next(iter(self.events.values()))
+
+
+def source(*primary_key: str, **kwargs: Any) -> SourceConfig:
+    return SourceConfig(name="src", primary_key=primary_key, landing="/landing", **kwargs)
+
+
+def fixture_lines(spark, *names: str):
+    rows = [
+        (name, number, text.rstrip("\n"))
+        for name in names
+        for number, text in enumerate((FIXTURES / name).read_text().splitlines(), start=1)
+    ]
+    return spark.createDataFrame(rows, "_file string, _line long, value string")
+
+
+def text_lines(spark, texts: list[str], file: str = "batch.jsonl"):
+    rows = [(file, number, text) for number, text in enumerate(texts, start=1)]
+    return spark.createDataFrame(rows, "_file string, _line long, value string")
+
+
+def parse(lines, src: SourceConfig, known: StructType | None = None) -> Outcome:
+    """Parse, then collect every line's outcome in one Spark job.
+
+    ``events`` and ``quarantine`` are cut from ``classified``; a separate test checks that
+    the three output frames agree with it.
+    """
+    batch = parse_events(lines, src, known)
+    columns = ("_file", "_line", "__kind AS kind", "__reason AS reason", *EVENT_FIELDS)
+    rows = batch.classified.selectExpr(*columns).collect()
+    return Outcome(
+        batch=batch,
+        events={(r._file, r._line): _event(r) for r in rows if r.kind == "event"},
+        quarantine={(r._file, r._line): r.reason for r in rows if r.kind == "quarantine"},
+        tombstones={(r._file, r._line) for r in rows if r.kind == "tombstone"},
+    )
+
+
+EVENT_FIELDS = ("__op", "_seq", "_seq_values", "_ts_ms", "__before", "__after", "value")
+
+
+def _event(row: Any) -> Row:
+    values = (row._file, row._line, *(row[f] for f in EVENT_FIELDS))
+    return Row(**dict(zip(EVENT_COLUMNS, values, strict=True)))
+
+
+def event(op: str, after: Any = None, before: Any = None, **payload: Any) -> str:
+    return json.dumps({"op": op, "before": before, "after": after, **payload})
+
+
+def utc(value: datetime) -> datetime:
+    """A collected TimestampType value (naive local time) as a UTC datetime."""
+    return datetime.fromtimestamp(value.timestamp(), tz=timezone.utc)
+
+
+def seq(*components: str) -> str:
+    return SEQ_SEPARATOR.join(components)
+
+
+def padded(number: int) -> str:
+    return str(number).zfill(20)
+
+
+# -- every fixture file -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mysql_customers(spark) -> Outcome:
+    """All MySQL inventory.customers fixtures in one batch: both envelopes, five versions."""
+    return parse(fixture_lines(spark, *MYSQL_CUSTOMERS), source("id"))
+
+
+def test_every_mysql_customers_file_parses_with_its_ops_in_order(mysql_customers):
+    for name, ops in MYSQL_CUSTOMERS.items():
+        parsed = [mysql_customers.events[key]._op for key in sorted(mysql_customers.events) if key[0] == name]
+        assert parsed == ops.split(), name
+    assert mysql_customers.quarantine == {}
+
+
+def test_a_batch_mixing_envelopes_and_schema_versions_gets_one_row_type(mysql_customers):
+    # The first line by (file, line) has no schema, so its inferred bigint id wins over the
+    # int32 of the schemas that follow; their values are read into it.
+    row = mysql_customers.batch.row_schema
+    assert row.simpleString() == "struct<id:bigint,first_name:string,last_name:string,email:string>"
+
+
+def test_every_fixture_file_is_parsed_by_these_tests():
+    used = set(MYSQL_CUSTOMERS) | {
+        "mysql-all-types.numeric-decimal.schema.jsonl",
+        "sqlserver-dbo-emp.decimal.schema.jsonl",
+        "postgres-public-t.temporal.schema.jsonl",
+        "postgres-public-t2.connect-temporal.schema.jsonl",
+        "postgres-public-test_data_types.arrays.schema.jsonl",
+        "mysql-inventory-orders.schema.jsonl",
+        "postgres-inventory-customers.docs-example.schema.jsonl",
+        "postgres-public-User.schema.jsonl",
+        "postgres-public-customer.schema.jsonl",
+        "postgres-inventory-products.jsonl",
+    }
+    assert {p.name for p in FIXTURES.glob("*.jsonl")} == used
+
+
+def test_tombstone_line_is_skipped_not_quarantined(mysql_customers):
+    assert mysql_customers.tombstones == {("mysql-inventory-customers.tutorial-tombstone.schema.jsonl", 1)}
+
+
+def test_old_tutorial_events_parse_snapshot_creates_and_updates(mysql_customers):
+    name = "mysql-inventory-customers.tutorial.schema.jsonl"
+    first, update = mysql_customers.events[(name, 1)], mysql_customers.events[(name, 5)]
+    assert first._op == "c" and first._after.id == 1001 and first._before is None
+    assert first._ts_ms == 1490634537160
+    assert first._seq == seq("mysql-bin.000003", padded(154), padded(0))
+    assert (update._before.first_name, update._after.first_name) == ("Anne", "Anne Marie")
+    assert json.loads(update._seq_values) == {
+        "source.file": "mysql-bin.000003",
+        "source.pos": 364,
+        "source.row": 0,
+    }
+
+
+def test_payload_only_and_enveloped_events_decode_alike(mysql_customers):
+    for name in ("mysql-inventory-customers.schema.jsonl", "mysql-inventory-customers.jsonl"):
+        update, delete = mysql_customers.events[(name, 6)], mysql_customers.events[(name, 10)]
+        assert update._after.asDict() == {
+            "id": 1004,
+            "first_name": "Anne1",
+            "last_name": "Kretchmar",
+            "email": "annek@noanswer.org",
+        }
+        assert delete._after is None and delete._before.id == 1006
+        assert mysql_customers.events[(name, 9)]._seq == seq("mysql-bin.000003", padded(1442), padded(1))
+        assert json.loads(update._raw)  # the line as it was
+
+
+MYSQL_ALL_TYPES_DECIMALS = {
+    "pt": "1.1",
+    "_bigint_unsigned": "20000000000",
+    "_bigint_unsigned_zerofill": "30000000000",
+    "_serial": "40000000000",
+    "_numeric": "12345.110",
+    "_numeric_unsigned": "12345.220",
+    "_numeric_unsigned_zerofill": "12345.330",
+    "_fixed": "123456789876543212345678987654321.110",
+    "_fixed_unsigned": "123456789876543212345678987654321.220",
+    "_fixed_unsigned_zerofill": "123456789876543212345678987654321.330",
+    "_decimal": "11111",
+    "_decimal_unsigned": "22222",
+    "_decimal_unsigned_zerofill": "33333",
+    "_big_decimal": "2222222222222222300000001111.1234567890",
+}
+
+
+def test_numeric_format_decimals_keep_every_digit(spark):
+    outcome = parse(fixture_lines(spark, "mysql-all-types.numeric-decimal.schema.jsonl"), source("_id"))
+    row = outcome.only_event()._after
+    for column, expected in MYSQL_ALL_TYPES_DECIMALS.items():
+        assert getattr(row, column) == Decimal(expected), column
+        assert str(getattr(row, column)) == expected, column  # the scale too
+    types = {f.name: f.dataType for f in outcome.batch.row_schema.fields}
+    assert types["pt"] == DecimalType(2, 1)
+    assert types["_fixed"] == DecimalType(38, 3)  # connect.decimal.precision 40, capped
+    assert types["_big_decimal"] == DecimalType(38, 10)
+    assert row._date == date(2023, 3, 23)
+    assert row._datetime == datetime(2023, 3, 23, 14, 30, 5)
+    assert row._datetime3 == datetime(2023, 3, 23, 14, 30, 5, 123000)
+    assert row._datetime6 == datetime(2023, 3, 23, 14, 30, 5, 123456)
+    assert row._datetime_p == datetime(2023, 3, 24, 14, 30, 0)
+    assert row._datetime_p2 == datetime(2023, 3, 24, 14, 30, 5, 120000)
+    assert utc(row._timestamp) == datetime(2023, 3, 23, 22, 0, 10, 123456, tzinfo=timezone.utc)
+    assert utc(row._timestamp0) == datetime(2023, 3, 23, 7, 10, 0, tzinfo=timezone.utc)
+    assert row._time == "10:13:23"
+    assert row._year == 2023
+    assert (row._bit1, row._tinyint, row._bigint, row._float) == (True, 1, 10000000000, 1.5)
+    assert row._varbin == b"more bytes"
+    assert (row._json, row._enum, row._set) == ('{"a": "b"}', "value1", "a,b")
+    assert (row._point.x, row._point.y, row._point.srid) == (1.0, 1.0, None)
+
+
+def test_sql_server_base64_decimals_and_timestamp(spark):
+    outcome = parse(fixture_lines(spark, "sqlserver-dbo-emp.decimal.schema.jsonl"), source("empno"))
+    delete = outcome.only_event()
+    assert delete._op == "d" and delete._after is None
+    assert delete._before.sal == Decimal("200000.0000") and str(delete._before.sal) == "200000.0000"
+    assert delete._before.comm == Decimal("10.0000")
+    assert delete._before.hiredate == datetime(2019, 7, 9)
+    assert delete._seq == seq("0000003a:00002f50:0005", "0000003a:00002f50:0002", padded(1))
+
+
+def test_postgres_temporal_types_in_both_precision_modes_in_one_batch(spark):
+    names = ("postgres-public-t.temporal.schema.jsonl", "postgres-public-t2.connect-temporal.schema.jsonl")
+    outcome = parse(fixture_lines(spark, *names), source("id"))
+    micro, connect = (outcome.events[(n, 1)]._after for n in names)
+    assert micro.ts == datetime(2022, 10, 14, 23, 55, 31, 989360)
+    assert micro.d == date(2022, 10, 14)
+    assert micro.t == "23:55:31.989360"
+    assert (connect.ts, connect.ts2) == (
+        datetime(2022, 10, 19, 2, 49, 22, 800000),
+        datetime(2022, 10, 19, 2, 49, 22, 813000),
+    )
+    assert connect.d == date(2022, 10, 19)
+    assert (connect.t, connect.t2) == ("02:49:22.800", "02:49:22.813")
+    assert outcome.batch.row_schema.names == ["id", "ts", "d", "t", "ts2", "t2"]
+    assert outcome.events[(names[0], 1)]._seq == seq("", padded(25503568))
+
+
+def test_array_items_carry_their_logical_types(spark):
+    lines = fixture_lines(spark, "postgres-public-test_data_types.arrays.schema.jsonl")
+    row = parse(lines, source("c_id")).only_event()._after
+    assert row.c_integer == [10, 20]
+    assert row.c_date == [date(2025, 1, 30)]
+    assert row.c_timestamp0 == [datetime(2025, 1, 30, 8, 0, 0)]
+    assert row.c_timestamp1 == [datetime(2025, 1, 30, 8, 0, 0, 100000)]
+    assert row.c_timestamp2 == [datetime(2025, 1, 30, 8, 0, 0, 120000)]
+    assert row.c_timestamp3 == [datetime(2025, 1, 30, 8, 0, 0, 123000)]
+    assert row.c_timestamp4 == [datetime(2025, 1, 30, 8, 0, 0, 123400)]
+    assert row.c_timestamp5 == [datetime(2025, 1, 30, 8, 0, 0, 123450)]
+    assert row.c_timestamp6 == [datetime(2025, 1, 30, 8, 0, 0, 123456)]
+    assert [utc(t) for t in row.c_timestamptz] == [datetime(2025, 1, 30, 8, tzinfo=timezone.utc)] * 2
+    assert row.c_time == ["08:00:00Z", "08:30:00Z"]
+    assert row.c_time_whtz == ["08:00:00", "14:45:30"]
+    assert row.c_uuid[0] == "123e4567-e89b-12d3-a456-426614174000"
+    assert row.c_json == ['{"name": "John"}', '{"name": "Jane"}']
+    assert row.c_binary == [b"John", b"Jane"]
+
+
+def parse_file(spark, name: str, *primary_key: str) -> Outcome:
+    """Parse one fixture file; every line of it must be an event, in file order."""
+    outcome = parse(fixture_lines(spark, name), source(*primary_key))
+    assert outcome.quarantine == {} and sorted(outcome.events) == [
+        (name, n) for n in range(1, len(outcome.events) + 1)
+    ]
+    return outcome
+
+
+def test_mysql_order_snapshot_date(spark):
+    outcome = parse_file(spark, "mysql-inventory-orders.schema.jsonl", "order_number")
+    read = outcome.only_event()
+    assert (read._op, read._after.order_date) == ("r", date(2016, 2, 21))
+
+
+def test_postgres_docs_example_orders_by_its_sequence_pair(spark):
+    outcome = parse_file(spark, "postgres-inventory-customers.docs-example.schema.jsonl", "id")
+    create = outcome.only_event()
+    assert (create._op, create._after.first_name) == ("c", "Anne")
+    assert create._seq == seq(padded(24023119), padded(24023128))
+
+
+def test_postgres_update_with_a_uuid_key_and_full_before(spark):
+    update = parse_file(spark, "postgres-public-User.schema.jsonl", "id").only_event()
+    assert update._op == "u"
+    assert (update._before.name, update._after.name) == ("name_476", "name_17")
+    assert update._after.id == "b361f64c-8781-43c6-9c0d-d187d6df6b82"
+
+
+def test_postgres_snapshot_with_a_composite_key(spark):
+    outcome = parse_file(spark, "postgres-public-customer.schema.jsonl", "c_id", "c_d_id", "c_w_id")
+    rows = [outcome.events[k] for k in sorted(outcome.events)]
+    assert [(r._op, r._after.c_d_id, r._after.c_since) for r in rows] == [
+        ("r", 1, "2015-11-22 00:00:00"),
+        ("r", 2, "2015-11-22 00:00:00"),
+        ("r", 3, "2015-11-22 00:00:00"),
+    ]
+    assert rows[0]._after.c_balance == -10.0
+
+
+def test_postgres_payload_only_events_get_inferred_types(spark):
+    name = "postgres-inventory-products.jsonl"
+    outcome = parse_file(spark, name, "id")
+    assert [outcome.events[(name, n)]._op for n in range(1, 6)] == ["r", "u", "c", "u", "d"]
+    assert (
+        outcome.batch.row_schema.simpleString()
+        == "struct<id:bigint,name:string,description:string,weight:double>"
+    )
+    delete = outcome.events[(name, 5)]
+    assert (delete._after, delete._before.id, delete._before.weight) == (None, 111, 5.17)
+    assert outcome.events[(name, 1)]._seq == seq("", padded(34078720))  # no source.sequence: ('', lsn)
+
+
+# -- crafted events: decoding -----------------------------------------------------------------
+
+
+def connect_line(fields: list[dict[str, Any]], after: dict[str, Any], op: str = "c", lsn: int = 1) -> str:
+    """An enveloped PostgreSQL event whose row has the Connect ``fields``."""
+    row = {"type": "struct", "optional": True, "fields": [{"field": "id", "type": "int32"}, *fields]}
+    schema = {
+        "type": "struct",
+        "fields": [{**row, "field": "before"}, {**row, "field": "after"}, {"type": "string", "field": "op"}],
+    }
+    payload = {"op": op, "before": None, "after": after, "source": {"connector": "postgresql", "lsn": lsn}}
+    return json.dumps({"schema": schema, "payload": payload})
+
+
+def b64(unscaled: int) -> str:
+    size = max(1, (unscaled.bit_length() + 8) // 8)
+    return base64.b64encode(unscaled.to_bytes(size, "big", signed=True)).decode()
+
+
+def decimal_field(name: str, scale: int, precision: int = 38) -> dict[str, Any]:
+    params = {"scale": str(scale), "connect.decimal.precision": str(precision)}
+    return {
+        "field": name,
+        "type": "bytes",
+        "name": "org.apache.kafka.connect.data.Decimal",
+        "parameters": params,
+    }
+
+
+LARGEST = 10**38 - 1
+DECIMALS = [-1, -128, 255, -(2**63), LARGEST, -LARGEST, 0]
+LOGICAL_FIELDS = [
+    {"field": "vsd", "type": "struct", "name": "io.debezium.data.VariableScaleDecimal", "fields": []},
+    {"field": "nano_ts", "type": "int64", "name": "io.debezium.time.NanoTimestamp"},
+    {"field": "nano_ts_before_1970", "type": "int64", "name": "io.debezium.time.NanoTimestamp"},
+    {"field": "nano_t", "type": "int64", "name": "io.debezium.time.NanoTime"},
+    {"field": "micro_t", "type": "int64", "name": "io.debezium.time.MicroTime"},
+    {"field": "zoned", "type": "string", "name": "io.debezium.time.ZonedTimestamp"},
+    {"field": "old_day", "type": "int32", "name": "org.apache.kafka.connect.data.Date"},
+    {"field": "tags", "type": "map", "keys": {"type": "string"}, "values": {"type": "int32"}},
+]
+
+
+@pytest.fixture(scope="module")
+def crafted_types(spark) -> Outcome:
+    """Two files with two Connect schemas in one batch: decimals, and other logical types."""
+    fields = [decimal_field("amount", 10)]
+    decimals = [connect_line(fields, {"id": i, "amount": b64(v)}, lsn=i + 1) for i, v in enumerate(DECIMALS)]
+    decimals.append(connect_line(fields, {"id": 99, "amount": b64(10**38)}, lsn=99))  # 39 digits
+    decimals.append(connect_line(fields, {"id": 98, "amount": "@@@"}, lsn=98))  # not base64
+    logical = {
+        "id": 1000,
+        "vsd": {"scale": 3, "value": b64(-12345)},
+        "nano_ts": 1_679_581_805_123_456_789,
+        "nano_ts_before_1970": -1,
+        "nano_t": 36_803_000_000_001,
+        "micro_t": -3_600_000_000,
+        "zoned": "2023-03-23T22:00:10+02:00",
+        "old_day": -1,
+        "tags": {"a": 1, "b": 2},
+    }
+    lines = text_lines(spark, decimals, "decimals.jsonl").union(
+        text_lines(spark, [connect_line(LOGICAL_FIELDS, logical, lsn=1000)], "logical.jsonl")
+    )
+    return parse(lines, source("id"))
+
+
+def test_base64_decimals_are_exact_twos_complement_up_to_38_digits(crafted_types):
+    decoded = {k[1]: r._after.amount for k, r in crafted_types.events.items() if k[0] == "decimals.jsonl"}
+    assert decoded == {i + 1: Decimal(f"{v}E-10") for i, v in enumerate(DECIMALS)}
+    assert crafted_types.quarantine[("decimals.jsonl", 8)].startswith("column amount: cannot decode ")
+    assert crafted_types.quarantine[("decimals.jsonl", 9)] == (
+        'column amount: cannot decode "@@@" (org.apache.kafka.connect.data.Decimal) as decimal(38,10)'
+    )
+
+
+def test_other_logical_types(crafted_types):
+    row = crafted_types.events[("logical.jsonl", 1)]._after
+    assert row.vsd == Decimal("-12.345") and row.vsd.as_tuple().exponent == -10
+    assert row.nano_ts == datetime(2023, 3, 23, 14, 30, 5, 123456)
+    assert row.nano_ts_before_1970 == datetime(1969, 12, 31, 23, 59, 59, 999999)  # floor, not truncation
+    assert row.nano_t == "10:13:23.000000001"
+    assert row.micro_t == "-01:00:00"
+    assert utc(row.zoned) == datetime(2023, 3, 23, 20, 0, 10, tzinfo=timezone.utc)
+    assert row.old_day == date(1969, 12, 31)
+    assert row.tags == {"a": 1, "b": 2}
+    assert crafted_types.batch.row_schema.names == ["id", "amount", *(f["field"] for f in LOGICAL_FIELDS)]
+
+
+# -- crafted events: quarantine ---------------------------------------------------------------
+
+GARBAGE = [
+    "not json {",
+    "",
+    "null",
+    '{"schema":null,"payload":null}',
+    "[1, 2]",
+    event("x", {"id": 2}, source={"lsn": 6}),
+    event("c", {"id": 1, "region": "eu"}, source={"lsn": 5}),
+    '{"a": 1}',
+    event("c", {"id": 1, "region": "eu"}, source={"lsn": 5}) + " trailing",
+    event("c", {"id": 1, "region": "eu"}, source={"lsn": 5}) * 2,  # a lost newline: two events on one line
+]
+KEYS = [
+    event("c", {"id": 1, "region": "eu"}, source={"lsn": 1}),
+    event("c", {"id": 2}, source={"lsn": 2}),
+    event("u", None, {"id": 3, "region": "eu"}, source={"lsn": 3}),
+    event("d", {"id": 4, "region": "eu"}, None, source={"lsn": 4}),
+    event("d", None, {"id": 5, "region": "us"}, source={"lsn": 5}),
+    event("t", source={"lsn": 6}),
+]
+SEQUENCES = [
+    event("c", {"id": 1, "region": "eu"}, source={"lsn": None}, ts_ms=7),
+    event("c", {"id": 2, "region": "eu"}, source={"lsn": None}),
+]
+
+
+@pytest.fixture(scope="module")
+def crafted_quarantine(spark) -> Outcome:
+    """One batch of three files: garbage lines, events missing key columns, and sequences."""
+    lines = (
+        text_lines(spark, GARBAGE, "garbage.jsonl")
+        .union(text_lines(spark, KEYS, "keys.jsonl"))
+        .union(text_lines(spark, SEQUENCES, "sequence.jsonl"))
+    )
+    return parse(lines, source("id", "region", sequence_by=("source.lsn", "ts_ms")))
+
+
+def outcomes_of(outcome: Outcome, file: str) -> tuple[dict[int, str], set[int], set[int]]:
+    """Quarantine reasons, tombstone lines and event lines of one file."""
+    return (
+        {line: reason for (f, line), reason in outcome.quarantine.items() if f == file},
+        {line for f, line in outcome.tombstones if f == file},
+        {line for f, line in outcome.events if f == file},
+    )
+
+
+def test_garbage_lines_are_quarantined_with_file_line_and_reason(crafted_quarantine):
+    quarantined, tombstones, events = outcomes_of(crafted_quarantine, "garbage.jsonl")
+    assert quarantined == {
+        1: "not valid JSON",
+        5: "not a Debezium event: no 'op' field",
+        6: "not a Debezium event: unknown op 'x'",
+        8: "not a Debezium event: no 'op' field",
+        9: "not valid JSON",
+        10: "not valid JSON",
+    }
+    assert tombstones == {3, 4}
+    assert events == {7}  # the blank line 2 is no line at all
+
+
+def test_missing_primary_key_is_quarantined_truncate_needs_none(crafted_quarantine):
+    quarantined, _, events = outcomes_of(crafted_quarantine, "keys.jsonl")
+    assert quarantined == {
+        2: "missing primary key column 'region'",
+        3: "missing primary key column 'id'",
+        4: "missing primary key column 'id'",
+    }
+    assert events == {1, 5, 6}
+    truncate = crafted_quarantine.events[("keys.jsonl", 6)]
+    assert (truncate._op, truncate._before, truncate._after) == ("t", None, None)
+
+
+def test_an_event_without_its_sequence_is_quarantined(crafted_quarantine):
+    quarantined, _, events = outcomes_of(crafted_quarantine, "sequence.jsonl")
+    assert quarantined == {2: "no sequence field: tried source.lsn, ts_ms"}
+    assert events == {1}
+    assert crafted_quarantine.events[("sequence.jsonl", 1)]._seq == seq("", padded(7))
+
+
+def test_output_frames_are_cut_from_the_classified_lines(crafted_quarantine):
+    batch = crafted_quarantine.batch.persist()
+    try:
+        assert tuple(batch.events.columns) == EVENT_COLUMNS
+        assert batch.quarantine.schema.simpleString() == QUARANTINE_SCHEMA.simpleString()
+        assert {(r._file, r._line): r for r in batch.events.collect()} == crafted_quarantine.events
+        quarantined = batch.quarantine.collect()
+        assert {(r._file, r._line): r.reason for r in quarantined} == crafted_quarantine.quarantine
+        assert {r.source for r in quarantined} == {"src"}
+        raw = {(r._file, r._line): r.raw for r in quarantined}
+        assert raw[("garbage.jsonl", 1)] == "not json {" and raw[("keys.jsonl", 2)] == KEYS[1]
+        assert {(r._file, r._line) for r in batch.tombstones.collect()} == crafted_quarantine.tombstones
+    finally:
+        batch.unpersist()
+
+
+def test_no_sequence_field_in_any_event_is_an_input_error(spark):
+    texts = [event("c", {"id": 1}, source={"connector": "mysql"}), event("c", {"id": 2}, source={})]
+    with pytest.raises(InputError, match=r"'src'.*tried source\.file, source\.pos, source\.row"):
+        parse_events(text_lines(spark, texts), source("id"))
+    with pytest.raises(InputError, match=r"'src'.*tried source\.lsn"):
+        parse_events(text_lines(spark, texts), source("id", sequence_by=("source.lsn",)))
+
+
+def test_inferred_types_stay_stable_across_batches(spark):
+    first = parse(text_lines(spark, [event("c", {"id": 1, "amount": 5, "name": "a"}, ts_ms=1)]), source("id"))
+    known = first.batch.row_schema
+    assert known == StructType(
+        [StructField("id", LongType()), StructField("amount", LongType()), StructField("name", StringType())]
+    )
+    texts = [
+        event("c", {"id": "abc", "amount": 1}, ts_ms=2),
+        event("c", {"id": 2, "amount": 2.5}, ts_ms=3),
+        event("c", {"id": 3, "amount": 7, "extra": "x"}, ts_ms=4),
+        event("c", {"id": 4, "name": 5}, ts_ms=5),
+    ]
+    second = parse(text_lines(spark, texts, "second.jsonl"), source("id"), known)
+    assert second.quarantine == {
+        ("second.jsonl", 1): 'column id: expected bigint, got "abc"',
+        ("second.jsonl", 2): "column amount: expected bigint, got 2.5",
+    }
+    assert second.batch.row_schema.names == ["id", "amount", "name", "extra"]
+    assert second.batch.row_schema.fields[:3] == known.fields  # never re-typed
+    assert second.events[("second.jsonl", 3)]._after.extra == "x"
+    assert second.events[("second.jsonl", 4)]._after.name == "5"  # a string column holds JSON text
+
+
+# -- sequence encoding ------------------------------------------------------------------------
+
+
+def order_of(outcome: Outcome) -> list[int]:
+    """Lines of the events, newest last, by comparing ``_seq`` strings."""
+    return [line for (_, line), r in sorted(outcome.events.items(), key=lambda kv: kv[1]._seq)]
+
+
+def test_mysql_binlog_positions_sort_like_tuples(spark):
+    positions = [
+        ("mysql-bin.000009", 10, 0),
+        ("mysql-bin.000009", 9, 1),
+        ("mysql-bin.000010", 4, 0),
+        ("mysql-bin.000009", 10, 9),
+        ("mysql-bin.000009", 10, 10),
+        ("mysql-bin.000010", 100, 2),
+        ("mysql-bin.000010", 100, 10),
+    ]
+    texts = [
+        event("u", {"id": 1}, source={"connector": "mysql", "file": f, "pos": p, "row": r})
+        for f, p, r in positions
+    ]
+    outcome = parse(text_lines(spark, texts), source("id"))
+    assert outcome.batch.sequence.name == "mysql"
+    expected = [i + 1 for i, _ in sorted(enumerate(positions), key=lambda ip: ip[1])]
+    assert order_of(outcome) == expected
+
+
+def test_postgres_sequence_pairs_sort_element_wise_and_fall_back_to_lsn(spark):
+    sequences: list[tuple[list[Any] | None, int]] = [
+        (["10", "9"], 9),
+        (["9", "10"], 10),
+        (["10", "10"], 10),
+        ([None, "5"], 5),
+        (None, 7),  # an older connector: no source.sequence
+        (["100", "11"], 11),
+    ]
+    texts = [
+        event(
+            "u",
+            {"id": 1},
+            source={"connector": "postgresql", "lsn": lsn, **({"sequence": json.dumps(s)} if s else {})},
+        )
+        for s, lsn in sequences
+    ]
+    outcome = parse(text_lines(spark, texts), source("id"))
+
+    def key(item: tuple[int, tuple[list[Any] | None, int]]) -> tuple[int, int]:
+        pair, lsn = item[1]
+        return (int(pair[0]) if pair and pair[0] else -1, int(pair[1]) if pair else lsn)
+
+    assert order_of(outcome) == [i + 1 for i, _ in sorted(enumerate(sequences), key=key)]
+    assert outcome.events[("batch.jsonl", 4)]._seq == seq("", padded(5))
+
+
+def test_configured_sequence_numbers_arrays_and_rejected_values(spark):
+    values = [100, 9, 10, "11", -5, 1.5]
+    texts = [event("c", {"id": 1}, ts_ms=v) for v in values]
+    outcome = parse(text_lines(spark, texts), source("id", sequence_by=("ts_ms",)))
+    assert order_of(outcome) == [2, 3, 4, 1]
+    problem = " is not a non-negative integer of at most 20 digits, nor a string"
+    assert outcome.quarantine == {
+        ("batch.jsonl", 5): f"sequence value -5{problem}",
+        ("batch.jsonl", 6): f"sequence value 1.5{problem}",
+    }
+    arrays = [["1", "10"], ["2"], ["1", "9"], ["1"]]
+    texts = [event("c", {"id": 1}, source={"sequence": json.dumps(a)}) for a in arrays]
+    outcome = parse(text_lines(spark, texts), source("id", sequence_by=("source.sequence",)))
+    assert order_of(outcome) == [4, 3, 1, 2]

@@ -1,0 +1,202 @@
+"""Unit tests of cdc_join.ingest: landing files → bronze, exactly once per file."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+
+from cdc_join.config import PipelineConfig, parse_config
+from cdc_join.debezium import EVENT_COLUMNS
+from cdc_join.ingest import STEPS, IngestReport, ingest_all, ingest_source, list_landing, read_lines
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "debezium"
+CUSTOMERS = "mysql-inventory-customers.schema.jsonl"  # 10 events
+TOMBSTONE = "mysql-inventory-customers.tutorial-tombstone.schema.jsonl"  # 1 tombstone
+
+
+class Crash(Exception):
+    """Stands in for a process killed between two writes."""
+
+
+def pipeline(root: Path) -> PipelineConfig:
+    spec = {
+        "name": "ingest_test",
+        "lake": "lake",
+        "sources": {"customers": {"landing": "landing/customers", "primary_key": ["id"]}},
+        "left": "customers",
+        "select": {"customer_id": "customers.id"},
+        "output": "out",
+    }
+    (root / "landing" / "customers").mkdir(parents=True)
+    return parse_config(spec, base_dir=root)
+
+
+def land(config: PipelineConfig, name: str, text: str) -> None:
+    """Write a landing file the way a landing tool must: temporary name, then rename."""
+    folder = Path(config.sources["customers"].landing or "")
+    temporary = folder / f"_{name}.tmp"
+    temporary.write_text(text)
+    temporary.rename(folder / name)
+
+
+def event(op: str, after: dict, pos: int) -> str:
+    source = {"connector": "mysql", "file": "mysql-bin.000001", "pos": pos, "row": 0}
+    return json.dumps({"op": op, "before": None, "after": after, "source": source, "ts_ms": pos})
+
+
+def land_three_files(root: Path) -> PipelineConfig:
+    """Three landing files (10 events, 1 tombstone, 2 garbage lines + 1 event) and decoys."""
+    config = pipeline(root)
+    folder = Path(config.sources["customers"].landing or "")
+    shutil.copy(FIXTURES / CUSTOMERS, folder / CUSTOMERS)
+    shutil.copy(FIXTURES / TOMBSTONE, folder / TOMBSTONE)
+    land(config, "bad.jsonl", "not json\n" + event("c", {"id": 2001}, 9000) + '\n{"op": "?"}\n')
+    (folder / "_still_writing.json").write_text("garbage\n")
+    (folder / ".hidden.jsonl").write_text("garbage\n")
+    (folder / "notes.txt").write_text("garbage\n")
+    return config
+
+
+@pytest.fixture
+def landed(tmp_path) -> PipelineConfig:
+    return land_three_files(tmp_path)
+
+
+def bronze_keys(spark, storage, config: PipelineConfig) -> list[tuple[str, int]]:
+    rows = storage.read(config.bronze_path("customers")).select("_file", "_line").collect()
+    return sorted((r._file, r._line) for r in rows)
+
+
+def quarantine_keys(storage, config: PipelineConfig) -> list[tuple[str, int]]:
+    if not storage.exists(config.quarantine_path):
+        return []
+    return sorted((r._file, r._line) for r in storage.read(config.quarantine_path).collect())
+
+
+EXPECTED_BRONZE = sorted([(CUSTOMERS, n) for n in range(1, 11)] + [("bad.jsonl", 2)])
+EXPECTED_QUARANTINE = [("bad.jsonl", 1), ("bad.jsonl", 3)]
+
+
+def test_landing_listing_skips_temporary_hidden_and_other_files(spark, landed):
+    names = [f.name for f in list_landing(spark, landed.sources["customers"].landing or "")]
+    assert names == ["bad.jsonl", CUSTOMERS, TOMBSTONE]
+
+
+def test_lines_are_numbered_exactly_from_one(spark, tmp_path):
+    folder = tmp_path / "landing"
+    folder.mkdir()
+    (folder / "a b+c.json").write_bytes(b'\xef\xbb\xbf{"n": 1}\r\n\r\n{"n": 3}\r\n')
+    (folder / "empty.jsonl").write_text("")
+    (folder / "no_final_newline.jsonl").write_text('{"n": 1}\n{"n": 2}')
+    lines = read_lines(spark, list_landing(spark, str(folder))).collect()
+    assert sorted((r._file, r._line, r.value) for r in lines) == [
+        ("a b+c.json", 1, '{"n": 1}'),
+        ("a b+c.json", 2, ""),
+        ("a b+c.json", 3, '{"n": 3}'),
+        ("no_final_newline.jsonl", 1, '{"n": 1}'),
+        ("no_final_newline.jsonl", 2, '{"n": 2}'),
+    ]
+
+
+@pytest.mark.parametrize("crash_after", ["bronze", "quarantine"])
+def test_a_run_killed_between_writes_is_completed_exactly_once_by_the_next(
+    spark, storage, landed, crash_after
+):
+    def crash(step: str) -> None:
+        if step == crash_after:
+            raise Crash(step)
+
+    with pytest.raises(Crash):
+        ingest_source(spark, storage, landed, "customers", after_step=crash)
+    assert bronze_keys(spark, storage, landed) == EXPECTED_BRONZE
+    assert not storage.exists(landed.ingest_log_path)  # so the files are read again
+
+    steps: list[str] = []
+    report = ingest_source(spark, storage, landed, "customers", after_step=steps.append)
+
+    assert steps == list(STEPS)
+    assert (report.files, report.lines, report.events, report.quarantined, report.tombstones) == (
+        3,
+        14,
+        11,
+        2,
+        1,
+    )
+    assert bronze_keys(spark, storage, landed) == EXPECTED_BRONZE  # each line exactly once
+    assert quarantine_keys(storage, landed) == EXPECTED_QUARANTINE
+    log = {r.file: r for r in storage.read(landed.ingest_log_path).collect()}
+    assert set(log) == {"bad.jsonl", CUSTOMERS, TOMBSTONE}
+    assert (log[CUSTOMERS].lines, log[CUSTOMERS].events, log[CUSTOMERS].size) == (
+        10,
+        10,
+        (FIXTURES / CUSTOMERS).stat().st_size,
+    )
+    assert (log["bad.jsonl"].events, log["bad.jsonl"].quarantined) == (1, 2)
+    assert (log[TOMBSTONE].tombstones, log[TOMBSTONE].events) == (1, 0)
+
+
+@pytest.fixture(scope="module")
+def ingested(spark, storage, tmp_path_factory) -> tuple[PipelineConfig, IngestReport]:
+    """The three files of :func:`land_three_files`, ingested once by ``ingest_all``."""
+    config = land_three_files(tmp_path_factory.mktemp("ingested"))
+    return config, ingest_all(spark, storage, config)["customers"]
+
+
+def test_a_second_ingest_of_the_same_folder_adds_nothing(spark, storage, ingested):
+    config, first = ingested
+    tables = (config.bronze_path("customers"), config.quarantine_path, config.ingest_log_path)
+    versions = [storage.version(p) for p in tables]
+
+    again = ingest_all(spark, storage, config)["customers"]
+
+    assert (first.files, first.events) == (3, 11)
+    assert again == IngestReport("customers", 0, 0, 0, 0, 0, again.seconds)
+    assert [storage.version(p) for p in tables] == versions
+    assert bronze_keys(spark, storage, config) == EXPECTED_BRONZE
+
+
+def test_bronze_contract_columns_and_change_data_feed(storage, ingested):
+    config, _ = ingested
+    bronze = storage.read(config.bronze_path("customers"))
+    assert bronze.columns == [*EVENT_COLUMNS, "_ingested_at"]
+    assert dict(bronze.dtypes)["_ingested_at"] == "timestamp"
+    row = bronze.filter("_file = 'mysql-inventory-customers.schema.jsonl' AND _line = 6").first()
+    assert (row._op, row._before.first_name, row._after.first_name) == ("u", "Anne", "Anne1")
+    for path in (config.bronze_path("customers"), config.quarantine_path, config.ingest_log_path):
+        assert DeltaTable(path).metadata().configuration.get("delta.enableChangeDataFeed") == "true"
+    quarantined = storage.read(config.quarantine_path).filter("_line = 1").first()
+    assert (quarantined.source, quarantined.reason, quarantined.raw) == (
+        "customers",
+        "not valid JSON",
+        "not json",
+    )
+
+
+def test_later_files_add_columns_and_never_retype_known_ones(spark, storage, tmp_path):
+    config = pipeline(tmp_path)
+    land(config, "001.jsonl", event("c", {"id": 1, "name": "a"}, 1) + "\n")
+    ingest_source(spark, storage, config, "customers")
+    land(
+        config,
+        "002.jsonl",
+        event("u", {"id": 1, "name": "b", "tier": 3}, 2) + "\n" + event("c", {"id": "x"}, 3),
+    )
+
+    report = ingest_source(spark, storage, config, "customers")
+
+    assert (report.files, report.events, report.quarantined) == (1, 1, 1)
+    after = storage.schema(config.bronze_path("customers"))["_after"].dataType
+    assert [(f.name, f.dataType.simpleString()) for f in after.fields] == [
+        ("id", "bigint"),
+        ("name", "string"),
+        ("tier", "bigint"),
+    ]
+    rows = {(r._file, r._line): r._after for r in storage.read(config.bronze_path("customers")).collect()}
+    assert rows[("001.jsonl", 1)].tier is None  # written before the column existed
+    assert rows[("002.jsonl", 1)].tier == 3
+    reason = storage.read(config.quarantine_path).first().reason
+    assert reason == 'column id: expected bigint, got "x"'
