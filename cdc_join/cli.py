@@ -11,12 +11,18 @@ from cdc_join.errors import CdcJoinError
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cdc-join", description=__doc__)
-    parser.add_argument("--storage", choices=["auto", "delta-rs", "delta-spark"], default=None,
-                        help="storage backend (default: $CDC_JOIN_STORAGE or auto)")
+    parser.add_argument(
+        "--storage",
+        choices=["auto", "delta-rs", "delta-spark"],
+        default=None,
+        help="storage backend (default: $CDC_JOIN_STORAGE or auto)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="ingest new landing files, then one incremental join run")
     run.add_argument("config", help="pipeline YAML")
-    run.add_argument("--no-ingest", action="store_true", help="skip ingest (bronze is filled by another tool)")
+    run.add_argument(
+        "--no-ingest", action="store_true", help="skip ingest (bronze is filled by another tool)"
+    )
     full = sub.add_parser("full-refresh", help="rebuild state, subscriptions and silver from bronze")
     full.add_argument("config")
     verify = sub.add_parser("verify", help="compare silver with a full recompute; exit 1 on any difference")

@@ -23,7 +23,13 @@ from cdc_join.storage import get_storage
 TABLES = {
     "customers": {"id": "int32", "first_name": "string", "last_name": "string", "email": "string"},
     "products": {"id": "int32", "name": "string", "description": "string", "weight": "double"},
-    "orders": {"id": "int32", "order_date": "date", "purchaser": "int32", "quantity": "int32", "product_id": "int32"},
+    "orders": {
+        "id": "int32",
+        "order_date": "date",
+        "purchaser": "int32",
+        "quantity": "int32",
+        "product_id": "int32",
+    },
 }
 
 CUSTOMERS = [
@@ -100,7 +106,9 @@ def write_changes(writer: EventWriter) -> None:
         [
             writer.event("orders", "u", before=o2, after={**o2, "purchaser": 1003}, lsn=2001),
             writer.delete("orders", _as_dict("orders", ORDERS[3]), lsn=2002),
-            writer.upsert("orders", _as_dict("orders", (10005, datetime.date(2016, 3, 1), 1004, 3, 109)), 2003, "c"),
+            writer.upsert(
+                "orders", _as_dict("orders", (10005, datetime.date(2016, 3, 1), 1004, 3, 109)), 2003, "c"
+            ),
         ],
     )
     george = _as_dict("customers", CUSTOMERS[1])

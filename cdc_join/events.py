@@ -114,7 +114,13 @@ class EventWriter:
 
 def _field(column: str, type_name: str) -> dict[str, Any]:
     if type_name == "date":
-        return {"type": "int32", "optional": True, "name": "io.debezium.time.Date", "version": 1, "field": column}
+        return {
+            "type": "int32",
+            "optional": True,
+            "name": "io.debezium.time.Date",
+            "version": 1,
+            "field": column,
+        }
     return {"type": type_name, "optional": True, "field": column}
 
 

@@ -90,7 +90,9 @@ def _candidate_files(
         return [files[0].path]
     column, key_column = first
     data_type = schema[column].dataType
-    ranged = [f for f in files if f.min_values.get(column) is not None and f.max_values.get(column) is not None]
+    ranged = [
+        f for f in files if f.min_values.get(column) is not None and f.max_values.get(column) is not None
+    ]
     unranged = {f.path for f in files} - {f.path for f in ranged}
     if not ranged:
         return sorted(unranged)
@@ -101,7 +103,9 @@ def _candidate_files(
         return sorted(unranged | {f.path for f in ranged if _holds_any(f, column, values)})
     ranges = storage.spark.createDataFrame(
         [(f.path, f.min_values[column], f.max_values[column]) for f in ranged],
-        StructType([StructField("path", StringType()), StructField("lo", data_type), StructField("hi", data_type)]),
+        StructType(
+            [StructField("path", StringType()), StructField("lo", data_type), StructField("hi", data_type)]
+        ),
     )
     hits = F.broadcast(ranges).join(wanted, (wanted.k >= ranges.lo) & (wanted.k <= ranges.hi))
     return sorted(unranged | {r.path for r in hits.select("path").distinct().collect()})

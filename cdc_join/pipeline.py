@@ -46,7 +46,11 @@ class VerifyReport:
         return self.missing == self.extra == self.different == 0
 
     def summary(self) -> str:
-        head = "silver matches the join of the current sources" if self.ok else "silver DIFFERS from a full recompute"
+        head = (
+            "silver matches the join of the current sources"
+            if self.ok
+            else "silver DIFFERS from a full recompute"
+        )
         lines = [
             f"{head}: expected {self.expected_rows} rows, silver has {self.silver_rows}; "
             f"missing {self.missing}, extra {self.extra}, different {self.different}"

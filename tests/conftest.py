@@ -14,7 +14,9 @@ FIXTURES = Path(__file__).parent / "fixtures"
 def spark():
     from cdc_join.session import get_spark
 
-    session = get_spark("cdc_join-tests", {"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"})
+    session = get_spark(
+        "cdc_join-tests", {"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"}
+    )
     yield session
 
 

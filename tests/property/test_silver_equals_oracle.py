@@ -10,6 +10,7 @@ killed after a random step and rerun. The oracle below recomputes the join in pl
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import tempfile
@@ -26,21 +27,55 @@ TABLES = {
     "rhs": {"id": "int64", "value": "string"},
     "rhs2": {"id": "int64", "name": "string"},
 }
-SELECT = {"key": "lhs.id", "fk": "lhs.fk", "fk2": "lhs.fk2", "v": "lhs.v", "value": "rhs.value", "name": "rhs2.name"}
+SELECT = {
+    "key": "lhs.id",
+    "fk": "lhs.fk",
+    "fk2": "lhs.fk2",
+    "v": "lhs.v",
+    "value": "rhs.value",
+    "name": "rhs2.name",
+}
 LEFT_KEYS = ["a", "b", "c", "d"]
 RIGHT_KEYS = [1, 2, 3]
-CRASH_STEPS = ["ingest", "state:lhs", "state:rhs", "subscription:rhs", "lookup:rhs2", "resolve", "silver", "cleanup"]
+CRASH_STEPS = [
+    "ingest",
+    "state:lhs",
+    "state:rhs",
+    "subscription:rhs",
+    "lookup:rhs2",
+    "resolve",
+    "silver",
+    "cleanup",
+]
 EXAMPLES = int(os.environ.get("CDC_JOIN_PROPERTY_EXAMPLES", "4"))
 
 fk_value = st.one_of(st.none(), st.sampled_from(RIGHT_KEYS))
 operation = st.one_of(
-    st.tuples(st.just("lhs"), st.sampled_from(["c", "u"]), st.sampled_from(LEFT_KEYS), fk_value, fk_value,
-              st.integers(0, 3)),
+    st.tuples(
+        st.just("lhs"),
+        st.sampled_from(["c", "u"]),
+        st.sampled_from(LEFT_KEYS),
+        fk_value,
+        fk_value,
+        st.integers(0, 3),
+    ),
     st.tuples(st.just("lhs"), st.just("d"), st.sampled_from(LEFT_KEYS), st.none(), st.none(), st.just(0)),
-    st.tuples(st.just("rhs"), st.sampled_from(["c", "u", "d"]), st.sampled_from(RIGHT_KEYS), st.none(), st.none(),
-              st.integers(0, 3)),
-    st.tuples(st.just("rhs2"), st.sampled_from(["c", "u", "d"]), st.sampled_from(RIGHT_KEYS), st.none(), st.none(),
-              st.integers(0, 3)),
+    st.tuples(
+        st.just("rhs"),
+        st.sampled_from(["c", "u", "d"]),
+        st.sampled_from(RIGHT_KEYS),
+        st.none(),
+        st.none(),
+        st.integers(0, 3),
+    ),
+    st.tuples(
+        st.just("rhs2"),
+        st.sampled_from(["c", "u", "d"]),
+        st.sampled_from(RIGHT_KEYS),
+        st.none(),
+        st.none(),
+        st.integers(0, 3),
+    ),
     st.tuples(st.just("rhs"), st.just("t"), st.just(0), st.none(), st.none(), st.just(0)),
 )
 
@@ -80,7 +115,11 @@ def oracle(delivered: list[tuple], join_types: tuple[str, str]) -> set[tuple]:
 @settings(
     max_examples=EXAMPLES,
     deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
+    suppress_health_check=[
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+    ],
 )
 @given(
     ops=st.lists(operation, min_size=3, max_size=24),
@@ -103,8 +142,11 @@ def test_silver_equals_oracle_after_every_completed_run(spark, storage, ops, joi
         select=SELECT,
     )
     # Every source needs a first event before columns are known (a run waits until then).
-    seeds = [(1, "lhs", "c", _row("lhs", "z", None, None, 0)), (2, "rhs", "c", _row("rhs", 99, None, None, 0)),
-             (3, "rhs2", "c", _row("rhs2", 99, None, None, 0))]
+    seeds = [
+        (1, "lhs", "c", _row("lhs", "z", None, None, 0)),
+        (2, "rhs", "c", _row("rhs", 99, None, None, 0)),
+        (3, "rhs2", "c", _row("rhs2", 99, None, None, 0)),
+    ]
     history = []
     for lsn, (table, op, key, fk, fk2, n) in enumerate(ops, start=len(seeds) + 1):
         row = None if op == "t" else _row(table, key, fk, fk2, n)
@@ -123,10 +165,8 @@ def test_silver_equals_oracle_after_every_completed_run(spark, storage, ops, joi
         delivered += now
         crash = rng.choice(CRASH_STEPS) if rng.random() < 0.4 else None
         if crash:
-            try:
+            with contextlib.suppress(SimulatedCrash):
                 pipeline.run(crash_after=crash)
-            except SimulatedCrash:
-                pass
         pipeline.run()
         assert silver_rows(pipeline) == oracle(delivered, join_types), f"after batch {number}, crash={crash}"
     assert pipeline.verify().ok

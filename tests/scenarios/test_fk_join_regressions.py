@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from cdc_join.subscription import fk_columns, pk_columns
 from tests.support import make_pipeline, silver_rows
 
@@ -31,7 +30,13 @@ def _silver_changes(pipeline, since_version: int):
 def test_old_fk_is_unsubscribed_so_its_changes_no_longer_reach_the_row_kafka_9244(tmp_path, spark, storage):
     pipeline, w = make_pipeline(tmp_path, spark, storage, join_type="left")
     lsn = Lsn()
-    w.write("rhs", [w.upsert("rhs", {"id": 1, "value": "one"}, lsn()), w.upsert("rhs", {"id": 2, "value": "two"}, lsn())])
+    w.write(
+        "rhs",
+        [
+            w.upsert("rhs", {"id": 1, "value": "one"}, lsn()),
+            w.upsert("rhs", {"id": 2, "value": "two"}, lsn()),
+        ],
+    )
     w.write("lhs", [w.upsert("lhs", {"id": "k", "fk": 1, "v": 1}, lsn())])
     pipeline.run()
     w.write("lhs", [w.upsert("lhs", {"id": "k", "fk": 2, "v": 1}, lsn())])
@@ -47,7 +52,13 @@ def test_deleting_a_left_row_emits_exactly_one_delete_kafka_16394(tmp_path, spar
     pipeline, w = make_pipeline(tmp_path, spark, storage, join_type="left")
     lsn = Lsn()
     w.write("rhs", [w.upsert("rhs", {"id": 1, "value": "one"}, lsn())])
-    w.write("lhs", [w.upsert("lhs", {"id": "k", "fk": 1, "v": 1}, lsn()), w.upsert("lhs", {"id": "j", "fk": 1, "v": 1}, lsn())])
+    w.write(
+        "lhs",
+        [
+            w.upsert("lhs", {"id": "k", "fk": 1, "v": 1}, lsn()),
+            w.upsert("lhs", {"id": "j", "fk": 1, "v": 1}, lsn()),
+        ],
+    )
     pipeline.run()
     before = storage.version(pipeline.config.silver_path)
     w.write("lhs", [w.delete("lhs", {"id": "k", "fk": 1, "v": 1}, lsn())])
@@ -60,7 +71,13 @@ def test_deleting_an_unmatched_left_row_of_an_inner_join_emits_nothing_kafka_163
     pipeline, w = make_pipeline(tmp_path, spark, storage, join_type="inner")
     lsn = Lsn()
     w.write("rhs", [w.upsert("rhs", {"id": 1, "value": "one"}, lsn())])
-    w.write("lhs", [w.upsert("lhs", {"id": "k", "fk": 1, "v": 1}, lsn()), w.upsert("lhs", {"id": "u", "fk": 9, "v": 1}, lsn())])
+    w.write(
+        "lhs",
+        [
+            w.upsert("lhs", {"id": "k", "fk": 1, "v": 1}, lsn()),
+            w.upsert("lhs", {"id": "u", "fk": 9, "v": 1}, lsn()),
+        ],
+    )
     pipeline.run()
     before = storage.version(pipeline.config.silver_path)
     w.write("lhs", [w.delete("lhs", {"id": "u", "fk": 9, "v": 1}, lsn())])
@@ -69,7 +86,9 @@ def test_deleting_an_unmatched_left_row_of_an_inner_join_emits_nothing_kafka_163
     assert silver_rows(pipeline) == {("k", 1, 1, "one")}
 
 
-def test_inner_join_deletes_the_row_when_fk_becomes_null_and_restores_it_kafka_16407(tmp_path, spark, storage):
+def test_inner_join_deletes_the_row_when_fk_becomes_null_and_restores_it_kafka_16407(
+    tmp_path, spark, storage
+):
     pipeline, w = make_pipeline(tmp_path, spark, storage, join_type="inner")
     lsn = Lsn()
     w.write("rhs", [w.upsert("rhs", {"id": 1, "value": "one"}, lsn())])

@@ -82,7 +82,11 @@ STEPS = [
 @pytest.mark.parametrize("join_type", ["inner", "left"])
 def test_kip213_table_of_lhs_events(tmp_path, spark, storage, join_type):
     pipeline, writer = make_pipeline(
-        tmp_path, spark, storage, join_type=join_type, select={"key": "lhs.id", "fk": "lhs.fk", "value": "rhs.value"}
+        tmp_path,
+        spark,
+        storage,
+        join_type=join_type,
+        select={"key": "lhs.id", "fk": "lhs.fk", "value": "rhs.value"},
     )
     lsn = 0
     for description, events, inner_out, left_out, instructions in STEPS:

@@ -59,13 +59,17 @@ def test_leftover_subscription_of_a_crashed_run_is_dropped_as_stale_and_removed(
     pipeline, w = make_pipeline(tmp_path, spark, storage, join_type="left")
     cfg = pipeline.config
     join = cfg.joins[0]
-    w.write("rhs", [w.upsert("rhs", {"id": 1, "value": "one"}, 1), w.upsert("rhs", {"id": 2, "value": "two"}, 2)])
+    w.write(
+        "rhs", [w.upsert("rhs", {"id": 1, "value": "one"}, 1), w.upsert("rhs", {"id": 2, "value": "two"}, 2)]
+    )
     w.write("lhs", [w.upsert("lhs", {"id": "k", "fk": 2, "v": 1}, 3)])
     pipeline.run()
     # A leftover CombinedKey(1, k): as if a run died after subscribing k to fk 1.
     sub_path = cfg.subscription_path(join)
     current = storage.read(sub_path)
-    leftover = current.withColumn("fk_fk", F.lit(1).cast("long")).withColumn(LHS_HASH, F.lit(12345).cast("long"))
+    leftover = current.withColumn("fk_fk", F.lit(1).cast("long")).withColumn(
+        LHS_HASH, F.lit(12345).cast("long")
+    )
     storage.append(sub_path, leftover)
     assert storage.read(sub_path).count() == 2
 
@@ -74,6 +78,9 @@ def test_leftover_subscription_of_a_crashed_run_is_dropped_as_stale_and_removed(
     assert report.steps["resolve"]["stale_dropped"] == 1
     assert report.steps["cleanup"]["stale_subscriptions_removed"] == 1
     assert silver_rows(pipeline) == {("k", 2, 1, "two")}
-    remaining = {tuple(r) for r in storage.read(sub_path).select(*fk_columns(join), *pk_columns(cfg.left_source)).collect()}
+    remaining = {
+        tuple(r)
+        for r in storage.read(sub_path).select(*fk_columns(join), *pk_columns(cfg.left_source)).collect()
+    }
     assert remaining == {(2, "k")}
     assert pipeline.verify().ok

@@ -8,7 +8,9 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from cdc_join.hashing import encoding, python_encoding, python_row_hash, row_hash
 
-SCHEMA = StructType([StructField("a", StringType()), StructField("b", StringType()), StructField("n", LongType())])
+SCHEMA = StructType(
+    [StructField("a", StringType()), StructField("b", StringType()), StructField("n", LongType())]
+)
 
 
 def _spark_hashes(spark, rows):
