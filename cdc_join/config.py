@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from cdc_join.errors import ConfigError
+from cdc_join.storage.base import is_table_name
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # `alias.column` references in a select expression, outside string literals.
@@ -92,46 +93,64 @@ class PipelineConfig:
     output: str
     config_path: Path | None = None
     quality: Mapping[str, Any] = field(default_factory=dict)
+    tables: str | None = None
 
     # -- table locations (DESIGN.md §4) ------------------------------------------------------
+    # With ``tables: catalog.schema`` every table is addressed by name in that schema
+    # (delta-spark backend); otherwise by path under ``lake``.
     def bronze_path(self, source: str) -> str:
         src = self.sources[source]
-        return src.bronze if src.bronze is not None else _join(self.lake, "bronze", source)
+        if src.bronze is not None:
+            return src.bronze
+        return f"{self.tables}.bronze_{source}" if self.tables else _join(self.lake, "bronze", source)
 
     @property
     def silver_path(self) -> str:
-        return _join(self.lake, "silver", self.output)
+        return f"{self.tables}.{self.output}" if self.tables else _join(self.lake, "silver", self.output)
 
     @property
     def internal_root(self) -> str:
-        return _join(self.lake, "_cdc_join", self.name)
+        """The folder (or, by name, the table-name prefix) of the pipeline's internal tables."""
+        return (
+            f"{self.tables}.cdc_join__{self.name}"
+            if self.tables
+            else _join(self.lake, "_cdc_join", self.name)
+        )
+
+    def _internal(self, *parts: str) -> str:
+        if self.tables:
+            return "__".join([self.internal_root, *parts])
+        return _join(self.internal_root, *parts)
 
     def state_path(self, source: str) -> str:
-        return _join(self.internal_root, "state", source)
+        return self._internal("state", source)
 
     def subscription_path(self, join: JoinConfig) -> str:
-        return _join(self.internal_root, "subscription", join.alias)
+        return self._internal("subscription", join.alias)
 
     @property
     def quarantine_path(self) -> str:
-        return _join(self.internal_root, "quarantine")
+        return self._internal("quarantine")
 
     @property
     def ingest_log_path(self) -> str:
-        return _join(self.internal_root, "ingest_log")
+        return self._internal("ingest_log")
 
     @property
     def runs_path(self) -> str:
         """The run log; its newest row is also the checkpoint of what was processed."""
-        return _join(self.internal_root, "runs")
+        return self._internal("runs")
 
     @property
     def quality_path(self) -> str:
-        return _join(self.internal_root, "quality_results")
+        return self._internal("quality_results")
 
     @property
-    def lock_path(self) -> str:
-        return _join(self.internal_root, "_lock")
+    def lock_path(self) -> str | None:
+        """A local lock file, or None where tables live in a metastore or an object store."""
+        if self.tables or _is_uri(self.lake):
+            return None
+        return _join(self.lake, "_cdc_join", self.name, "_lock")
 
     @property
     def left_source(self) -> SourceConfig:
@@ -221,7 +240,9 @@ def _bare_message(e: ConfigError) -> str:
     return text[len(e.key) + 2 :] if e.key and text.startswith(f"{e.key}: ") else text
 
 
-_TOP_KEYS = {"name", "lake", "sources", "left", "joins", "select", "output", "quality", "description"}
+_TOP_KEYS = {"name", "lake", "tables", "sources", "left", "joins", "select", "output", "quality"}
+_TOP_KEYS |= {"description"}
+_SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$")
 _SOURCE_KEYS = {"landing", "bronze", "primary_key", "sequence_by", "connector"}
 _JOIN_KEYS = {"right", "foreign_key", "type", "as"}
 
@@ -239,7 +260,10 @@ def parse_config(
         raise ConfigError("the config must be a mapping of keys to values")
     _no_unknown(raw, _TOP_KEYS, "")
     name = _name(_required(raw, "name", ""), "name")
-    lake = _resolve(_string(_required(raw, "lake", ""), "lake"), base)
+    tables = _tables(raw.get("tables"))
+    if tables is None and raw.get("lake") is None:
+        raise ConfigError("is required (or 'tables: catalog.schema' to address tables by name)", key="lake")
+    lake = _resolve(_string(raw["lake"], "lake"), base) if raw.get("lake") is not None else ""
     sources = _sources(_required(raw, "sources", ""), base, check_paths)
     left = _string(_required(raw, "left", ""), "left")
     if left not in sources:
@@ -261,7 +285,17 @@ def parse_config(
         output=output,
         config_path=config_path,
         quality=dict(quality),
+        tables=tables,
     )
+
+
+def _tables(value: Any) -> str | None:
+    if value is None:
+        return None
+    text = _string(value, "tables")
+    if not _SCHEMA_NAME.match(text):
+        raise ConfigError(f"must be 'catalog.schema' or 'schema', got {text!r}", key="tables")
+    return text
 
 
 def _sources(raw: Any, base: Path, check_paths: bool) -> dict[str, SourceConfig]:
@@ -281,7 +315,8 @@ def _sources(raw: Any, base: Path, check_paths: bool) -> dict[str, SourceConfig]
             if check_paths and not _is_uri(landing) and not Path(landing).is_dir():
                 raise ConfigError(f"landing folder {landing} does not exist", key=f"{key}.landing")
         if bronze is not None:
-            bronze = _resolve(_string(bronze, f"{key}.bronze"), base)
+            bronze = _string(bronze, f"{key}.bronze")
+            bronze = bronze if is_table_name(bronze) else _resolve(bronze, base)
         connector = spec.get("connector")
         if connector is not None and connector not in CONNECTORS:
             raise ConfigError(f"must be one of {list(CONNECTORS)}, got {connector!r}", key=f"{key}.connector")

@@ -108,11 +108,12 @@ def run_lock(config: PipelineConfig) -> Iterator[None]:
 
     The lock is a file created with O_EXCL under the pipeline's internal folder (local lakes).
     A lock left by a process that no longer exists on this host is taken over. For lakes on
-    object stores, where no atomic create-if-absent exists here, rely on the scheduler running
-    one instance at a time (the bundle's jobs set ``max_concurrent_runs: 1``).
+    object stores or tables in a metastore, where no atomic create-if-absent exists here, rely
+    on the scheduler running one instance at a time (the bundle's jobs set
+    ``max_concurrent_runs: 1``).
     """
     path = config.lock_path
-    if "://" in path or path.startswith("dbfs:"):
+    if path is None:
         yield
         return
     Path(path).parent.mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,8 @@ or written. Two backends implement it: :mod:`cdc_join.storage.delta_rs` (embedde
 
 Rules every backend follows (the contract tests in ``tests/contract`` check them):
 
-- Paths are table roots (local paths or URIs). ``create`` is create-if-absent and returns
+- Paths are table roots (local paths or URIs), or — on backends that support it — metastore
+  table names ``catalog.schema.table`` (see :func:`is_table_name`). ``create`` is create-if-absent and returns
   whether it created the table.
 - ``read`` returns a Spark DataFrame of a snapshot: the latest version, or ``version``.
   ``files`` narrows the read to some of that snapshot's data files (as named by
@@ -26,12 +27,29 @@ Rules every backend follows (the contract tests in ``tests/contract`` check them
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
+
+_TABLE_NAME = re.compile(r"^(`[^`]+`|[A-Za-z_][A-Za-z0-9_]*)(\.(`[^`]+`|[A-Za-z_][A-Za-z0-9_]*)){1,2}$")
+
+
+def is_table_name(ref: str) -> bool:
+    """Whether ``ref`` names a metastore / Unity Catalog table (``catalog.schema.table``).
+
+    Paths always hold a ``/`` or a scheme (config paths are made absolute), names never do.
+    """
+    return "/" not in ref and ":" not in ref and bool(_TABLE_NAME.match(ref))
+
+
+def quote_table_name(name: str) -> str:
+    """``a.b.c`` → ```a`.`b`.`c``` for SQL (parts already quoted are kept)."""
+    parts = re.findall(r"`[^`]+`|[^.]+", name)
+    return ".".join(p if p.startswith("`") else f"`{p}`" for p in parts)
 
 
 @dataclass(frozen=True)

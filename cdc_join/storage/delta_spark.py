@@ -67,7 +67,7 @@ from pyspark.sql.types import (
 )
 
 from cdc_join.errors import StorageError
-from cdc_join.storage.base import FileStats, MergeSpec, WriteMetrics
+from cdc_join.storage.base import FileStats, MergeSpec, WriteMetrics, is_table_name, quote_table_name
 from cdc_join.storage.delta_rs import normalize_history_entry, stat_upper_bound
 
 _COMMIT_TIMESTAMP = "_commit_timestamp"
@@ -277,23 +277,47 @@ class DeltaSparkStorage:
         # Spark resolves paths itself (local, dbfs:, abfss:, s3a: ...); only PathLikes need text.
         return os.fspath(path)
 
+    @staticmethod
+    def _sql_ref(path: str) -> str:
+        """How SQL names the table: ```catalog`.`schema`.`table``` or ``delta.`<path>```."""
+        if is_table_name(path):
+            return quote_table_name(path)
+        return "delta.`{}`".format(os.fspath(path).replace("`", "``"))
+
+    def _storage_location(self, path: str) -> str:
+        """The table's folder (named tables: from DESCRIBE DETAIL), for reading its log."""
+        if not is_table_name(path):
+            return self._location(path)
+        with _spark_errors("describe", path):
+            return str(self.spark.sql(f"DESCRIBE DETAIL {self._sql_ref(path)}").select("location").head()[0])
+
     def _delta_table(self, path: str) -> Any:
         from delta.tables import DeltaTable
 
-        location = self._location(path)
-        if not self.exists(location):
+        if not self.exists(path):
             raise StorageError(f"No Delta table at {path}")
         with _spark_errors("open", path):
-            return DeltaTable.forPath(self.spark, location)
+            if is_table_name(path):
+                return DeltaTable.forName(self.spark, path)
+            return DeltaTable.forPath(self.spark, self._location(path))
 
     def _snapshot(self, path: str, version: int | None = None) -> DataFrame:
         if not self.exists(path):
             raise StorageError(f"No Delta table at {path}")
-        reader = self.spark.read.format("delta")
-        if version is not None:
-            reader = reader.option("versionAsOf", int(version))
         with _spark_errors("read" if version is None else f"read version {version} of", path):
+            if is_table_name(path):
+                travel = "" if version is None else f" VERSION AS OF {int(version)}"
+                return self.spark.sql(f"SELECT * FROM {self._sql_ref(path)}{travel}")
+            reader = self.spark.read.format("delta")
+            if version is not None:
+                reader = reader.option("versionAsOf", int(version))
             return reader.load(self._location(path))
+
+    def _save(self, writer: Any, path: str) -> None:
+        if is_table_name(path):
+            writer.saveAsTable(path)
+        else:
+            writer.save(self._location(path))
 
     def _file_set(self, path: str) -> set[str]:
         with _spark_errors("list the files of", path):
@@ -334,7 +358,7 @@ class DeltaSparkStorage:
         """The latest add action (at or below ``version``) of each data file named in ``names``."""
         if not names:
             return {}
-        log = self._location(path).rstrip("/") + "/_delta_log"
+        log = self._storage_location(path).rstrip("/") + "/_delta_log"
         sources = (
             ("json", f"{log}/*.json"),
             ("parquet", f"{log}/*.checkpoint*.parquet"),
@@ -385,6 +409,8 @@ class DeltaSparkStorage:
         from delta.tables import DeltaTable
 
         with _spark_errors("probe", path):
+            if is_table_name(path):
+                return bool(self.spark.catalog.tableExists(path))
             return bool(DeltaTable.isDeltaTable(self.spark, self._location(path)))
 
     def create(
@@ -400,7 +426,9 @@ class DeltaSparkStorage:
 
         if self.exists(path):
             return False
-        builder = DeltaTable.createIfNotExists(self.spark).location(self._location(path)).addColumns(schema)
+        builder = DeltaTable.createIfNotExists(self.spark)
+        builder = builder.tableName(path) if is_table_name(path) else builder.location(self._location(path))
+        builder = builder.addColumns(schema)
         for key, value in (properties or {}).items():
             builder = builder.property(key, value)
         if cdf:
@@ -474,7 +502,12 @@ class DeltaSparkStorage:
             .option("endingVersion", last)
         )
         with _spark_errors(f"read the change feed (versions {first}..{last}) of", path):
-            changes = reader.load(self._location(path)).drop(_COMMIT_TIMESTAMP)
+            if is_table_name(path):
+                quoted = path.replace("'", "\\'")
+                feed = self.spark.sql(f"SELECT * FROM table_changes('{quoted}', {first}, {last})")
+            else:
+                feed = reader.load(self._location(path))
+            changes = feed.drop(_COMMIT_TIMESTAMP)
         return changes.where(F.lit(False)) if empty else changes
 
     def append(self, path: str, df: DataFrame, *, merge_schema: bool = False) -> WriteMetrics:
@@ -484,14 +517,14 @@ class DeltaSparkStorage:
         if merge_schema:
             writer = writer.option("mergeSchema", "true")
         with _spark_errors("append to", path):
-            writer.save(self._location(path))
+            self._save(writer, path)
         return self._metrics_after(path, before, {"rows_inserted": "numOutputRows"})
 
     def overwrite(self, path: str, df: DataFrame) -> WriteMetrics:
         """Replace every row of the table with ``df`` (same schema)."""
         before = self._file_set(path)
         with _spark_errors("overwrite", path):
-            df.write.format("delta").mode("overwrite").save(self._location(path))
+            self._save(df.write.format("delta").mode("overwrite"), path)
         return self._metrics_after(
             path, before, {"rows_inserted": "numOutputRows", "rows_deleted": "numDeletedRows"}
         )
@@ -510,9 +543,8 @@ class DeltaSparkStorage:
         if plan.add_columns:
             fields = {f.name: f for f in materialized.schema.fields}
             columns = ", ".join(f"{_quote(c)} {fields[c].dataType.simpleString()}" for c in plan.add_columns)
-            location = self._location(path).replace("`", "``")
             with _spark_errors("add columns to", path):
-                self.spark.sql(f"ALTER TABLE delta.`{location}` ADD COLUMNS ({columns})")
+                self.spark.sql(f"ALTER TABLE {self._sql_ref(path)} ADD COLUMNS ({columns})")
         builder = table.alias("t").merge(materialized.alias("s"), spec.on)
         if spec.delete_condition is not None:
             builder = builder.whenMatchedDelete(condition=spec.delete_condition)

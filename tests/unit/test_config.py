@@ -719,3 +719,62 @@ def test_error_is_raised_with_check_paths_false_too(tmp_path: Path) -> None:
     raw = _base()
     raw["left"] = "nobody"
     _fails(_write(tmp_path, raw), "left", check_paths=False)
+
+
+# -- tables by name (delta-spark backend) ----------------------------------------------------
+
+
+def _by_name_config(tmp_path, **extra):
+    (tmp_path / "landing/orders").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "landing/customers").mkdir(parents=True, exist_ok=True)
+    text = """
+name: enriched
+tables: main.cdc
+sources:
+  orders: {landing: landing/orders, primary_key: [id]}
+  customers: {bronze: main.raw.customers_bronze, primary_key: [id]}
+left: orders
+joins: [{right: customers, foreign_key: [purchaser]}]
+select: {order_id: orders.id}
+output: orders_enriched
+"""
+    path = tmp_path / "p.yml"
+    path.write_text(text + "".join(f"{k}: {v}\n" for k, v in extra.items()))
+    return load_config(path)
+
+
+def test_tables_key_addresses_every_table_by_name_in_that_schema(tmp_path):
+    cfg = _by_name_config(tmp_path)
+    assert cfg.tables == "main.cdc"
+    assert cfg.bronze_path("orders") == "main.cdc.bronze_orders"
+    assert cfg.bronze_path("customers") == "main.raw.customers_bronze"
+    assert cfg.silver_path == "main.cdc.orders_enriched"
+    assert cfg.state_path("orders") == "main.cdc.cdc_join__enriched__state__orders"
+    assert cfg.subscription_path(cfg.joins[0]) == "main.cdc.cdc_join__enriched__subscription__customers"
+    assert cfg.runs_path == "main.cdc.cdc_join__enriched__runs"
+    assert cfg.lock_path is None
+
+
+def test_bad_tables_value_names_the_key(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        _bad_tables(tmp_path)
+    assert e.value.key == "tables"
+    assert "bad.yml" in str(e.value)
+
+
+def _bad_tables(tmp_path):
+    (tmp_path / "landing").mkdir(parents=True, exist_ok=True)
+    path = tmp_path / "bad.yml"
+    path.write_text(
+        "name: p\ntables: a.b.c.d\nsources: {o: {landing: landing, primary_key: [id]}}\n"
+        "left: o\nselect: {x: o.id}\noutput: out\n"
+    )
+    return load_config(path)
+
+
+def test_delta_rs_backend_refuses_table_names_with_a_clear_error():
+    from cdc_join.errors import StorageError
+    from cdc_join.storage.delta_rs import table_root
+
+    with pytest.raises(StorageError, match="delta-spark"):
+        table_root("main.cdc.orders_enriched")
