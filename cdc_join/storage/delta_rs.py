@@ -77,7 +77,7 @@ from pyspark.sql.types import (
 )
 
 from cdc_join.errors import StorageError
-from cdc_join.storage.base import FileStats, MergeSpec, WriteMetrics
+from cdc_join.storage.base import FileStats, MergeSpec, WriteMetrics, is_table_name
 
 CHANGE_TYPE = "_change_type"
 COMMIT_VERSION = "_commit_version"
@@ -120,6 +120,11 @@ def table_root(path: str | os.PathLike[str]) -> str:
     Other URIs (object stores) are returned unchanged apart from a trailing slash.
     """
     text = os.fspath(path)
+    if is_table_name(text):
+        raise StorageError(
+            f"{text} names a metastore table; tables by name need the delta-spark backend "
+            "(Databricks, or Spark with the Delta jars). The delta-rs backend addresses tables by path."
+        )
     if text.startswith("file:"):
         return os.path.abspath(_strip_file_scheme(text))
     if "://" in text:
