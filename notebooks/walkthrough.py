@@ -188,4 +188,4 @@ show(quality.select("run_id", "check", "column", "success", "severity", "observe
 # MAGIC
 # MAGIC * Point a pipeline YAML at your own Debezium landing folders (see `DESIGN.md` §4).
 # MAGIC * Deploy the scheduled jobs with the bundle: `databricks bundle deploy -t dev`, then
-# MAGIC   `databricks bundle run -t dev cdc_join_incremental` (see `docs/databricks_and_quality.md`).
+# MAGIC   `databricks bundle run -t dev cdc_join_incremental` (see README.md, "Deploy to Databricks").
