@@ -27,14 +27,22 @@ def make_pipeline(
     joins: list[dict[str, Any]] | None = None,
     select: dict[str, str] | None = None,
     join_type: str = "inner",
+    primary_keys: dict[str, list[str]] | None = None,
 ) -> tuple[Pipeline, EventWriter]:
-    """A pipeline over ``tables`` landed under ``root``, with its event writer."""
+    """A pipeline over ``tables`` landed under ``root``, with its event writer.
+
+    Each table is keyed by its first column unless ``primary_keys`` says otherwise.
+    """
     writer = EventWriter(root / "landing", tables)
     spec = {
         "name": "test",
         "lake": "lake",
         "sources": {
-            t: {"landing": f"landing/{t}", "primary_key": [next(iter(cols))], "sequence_by": ["source.lsn"]}
+            t: {
+                "landing": f"landing/{t}",
+                "primary_key": (primary_keys or {}).get(t, [next(iter(cols))]),
+                "sequence_by": ["source.lsn"],
+            }
             for t, cols in tables.items()
         },
         "left": left,

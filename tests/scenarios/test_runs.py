@@ -1,0 +1,153 @@
+"""Runs as a user sees them: crashes and reruns, the lock, full refresh, verify, the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from cdc_join.cli import main
+from cdc_join.errors import ConcurrentRunError
+from cdc_join.report import SimulatedCrash
+from cdc_join.runlog import last_checkpoint, run_lock
+from tests.support import make_pipeline, silver_rows
+
+
+def test_a_run_killed_after_any_step_and_rerun_ends_like_an_uninterrupted_run(tmp_path, spark, storage):
+    pipeline, w = make_pipeline(tmp_path, spark, storage, join_type="left")
+    w.write("rhs", [w.upsert("rhs", {"id": i, "value": f"r{i}"}, i) for i in (1, 2, 3)])
+    w.write("lhs", [w.upsert("lhs", {"id": k, "fk": 1, "v": 0}, 10 + n) for n, k in enumerate("abcd")])
+    pipeline.run()
+    batches = {
+        "state:lhs": [("lhs", {"id": "a", "fk": 2, "v": 1}), ("rhs", {"id": 1, "value": "r1*"})],
+        "subscription:rhs": [("lhs", {"id": "b", "fk": 3, "v": 1}), ("lhs", {"id": "c", "fk": None, "v": 1})],
+        "silver": [("rhs", {"id": 2, "value": "r2*"}), ("lhs", {"id": "d", "fk": 2, "v": 5})],
+        "cleanup": [("lhs", {"id": "a", "fk": 1, "v": 2}), ("rhs", {"id": 3, "value": "r3*"})],
+    }
+    expected = {
+        "a": ("a", 1, 0, "r1"),
+        "b": ("b", 1, 0, "r1"),
+        "c": ("c", 1, 0, "r1"),
+        "d": ("d", 1, 0, "r1"),
+    }
+    rhs = {1: "r1", 2: "r2", 3: "r3"}
+    lsn = 100
+    for step, changes in batches.items():
+        for table, row in changes:
+            lsn += 1
+            w.write(table, [w.upsert(table, row, lsn)])
+            if table == "rhs":
+                rhs[row["id"]] = row["value"]
+            else:
+                expected[row["id"]] = (row["id"], row["fk"], row["v"], None)
+        with pytest.raises(SimulatedCrash):
+            pipeline.run(crash_after=step)
+        pipeline.run()
+        want = {(k, fk, v, rhs.get(fk)) for k, fk, v, _ in expected.values()}
+        assert silver_rows(pipeline) == want, step
+    assert pipeline.verify().ok
+    assert last_checkpoint(storage, pipeline.config).run_id == 1 + len(batches)
+
+
+def test_a_second_run_fails_fast_while_one_holds_the_lock(tmp_path, spark, storage):
+    pipeline, _ = make_pipeline(tmp_path, spark, storage)
+    with run_lock(pipeline.config), pytest.raises(ConcurrentRunError, match="another run"):
+        pipeline.run()
+
+
+def test_a_lock_left_by_a_dead_process_is_taken_over(tmp_path, spark, storage):
+    pipeline, _ = make_pipeline(tmp_path, spark, storage)
+    lock = pipeline.config.lock_path
+    os.makedirs(os.path.dirname(lock), exist_ok=True)
+    with open(lock, "w") as f:
+        json.dump({"pid": 2**22 + 12345, "host": os.uname().nodename, "since": 0}, f)
+    with run_lock(pipeline.config):
+        assert json.loads(Path(lock).read_text())["pid"] == os.getpid()
+    assert not os.path.exists(lock)
+
+
+def test_verify_detects_tampering_and_full_refresh_and_repair_fix_it(tmp_path, spark, storage, capsys):
+    pipeline, w = make_pipeline(tmp_path, spark, storage, join_type="inner")
+    w.write("rhs", [w.upsert("rhs", {"id": 1, "value": "one"}, 1)])
+    w.write("lhs", [w.upsert("lhs", {"id": k, "fk": 1, "v": 0}, 2 + n) for n, k in enumerate("xyz")])
+    config = str(pipeline.config.config_path)
+    assert main(["--storage", "delta-rs", "run", config]) == 0
+    assert "silver" in capsys.readouterr().out
+    storage.delete(pipeline.config.silver_path, "key = 'x'")
+    assert main(["--storage", "delta-rs", "verify", config]) == 1
+    out = capsys.readouterr().out
+    assert "missing 1" in out and "DIFFERS" in out
+    assert main(["--storage", "delta-rs", "verify", "--repair", config]) == 0
+    assert main(["--storage", "delta-rs", "verify", config]) == 0
+    storage.delete(pipeline.config.silver_path, "key = 'y'")
+    assert main(["--storage", "delta-rs", "full-refresh", config]) == 0
+    assert silver_rows(pipeline) == {(k, 1, 0, "one") for k in "xyz"}
+    assert pipeline.verify().ok
+
+
+def test_cli_reports_config_errors_with_exit_code_2(tmp_path, capsys):
+    bad = tmp_path / "bad.yml"
+    bad.write_text("name: p\nlake: lake\nsources: {}\n")
+    assert main(["run", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "bad.yml" in err and "sources" in err
+
+
+def test_composite_primary_and_foreign_keys(tmp_path, spark, storage):
+    tables = {
+        "lines": {"order_id": "int64", "line": "int32", "region": "string", "cust": "int64", "qty": "int64"},
+        "custs": {"region": "string", "id": "int64", "name": "string"},
+    }
+    pipeline, w = make_pipeline(
+        tmp_path,
+        spark,
+        storage,
+        tables=tables,
+        left="lines",
+        joins=[{"right": "custs", "foreign_key": ["region", "cust"], "type": "left"}],
+        select={"order_id": "lines.order_id", "line": "lines.line", "name": "custs.name"},
+        primary_keys={"lines": ["order_id", "line"], "custs": ["region", "id"]},
+    )
+    assert pipeline.config.sources["lines"].primary_key == ("order_id", "line")
+    w.write(
+        "custs",
+        [
+            w.upsert("custs", {"region": "eu", "id": 1, "name": "Ann"}, 1),
+            w.upsert("custs", {"region": "us", "id": 1, "name": "Bob"}, 2),
+        ],
+    )
+    w.write(
+        "lines",
+        [
+            w.upsert("lines", {"order_id": 7, "line": 1, "region": "eu", "cust": 1, "qty": 1}, 3),
+            w.upsert("lines", {"order_id": 7, "line": 2, "region": "us", "cust": 1, "qty": 1}, 4),
+        ],
+    )
+    pipeline.run()
+    assert silver_rows(pipeline) == {(7, 1, "Ann"), (7, 2, "Bob")}
+    w.write("custs", [w.upsert("custs", {"region": "us", "id": 1, "name": "Bob Jr"}, 5)])
+    w.write("lines", [w.delete("lines", {"order_id": 7, "line": 1, "region": "eu", "cust": 1, "qty": 1}, 6)])
+    pipeline.run()
+    assert silver_rows(pipeline) == {(7, 2, "Bob Jr")}
+    assert pipeline.verify().ok
+
+
+def test_truncate_removes_older_rows_and_late_older_events_do_not_resurrect_them(tmp_path, spark, storage):
+    pipeline, w = make_pipeline(tmp_path, spark, storage, join_type="left")
+    w.write(
+        "rhs", [w.upsert("rhs", {"id": 1, "value": "one"}, 1), w.upsert("rhs", {"id": 2, "value": "two"}, 2)]
+    )
+    w.write(
+        "lhs",
+        [w.upsert("lhs", {"id": "a", "fk": 1, "v": 0}, 3), w.upsert("lhs", {"id": "b", "fk": 2, "v": 0}, 4)],
+    )
+    pipeline.run()
+    w.write("rhs", [w.event("rhs", "t", lsn=10), w.upsert("rhs", {"id": 2, "value": "two again"}, 11)])
+    pipeline.run()
+    assert silver_rows(pipeline) == {("a", 1, 0, None), ("b", 2, 0, "two again")}
+    w.write("rhs", [w.upsert("rhs", {"id": 1, "value": "late, before the truncate"}, 5)])
+    pipeline.run()
+    assert silver_rows(pipeline) == {("a", 1, 0, None), ("b", 2, 0, "two again")}
+    assert pipeline.verify().ok
