@@ -151,3 +151,29 @@ def test_truncate_removes_older_rows_and_late_older_events_do_not_resurrect_them
     pipeline.run()
     assert silver_rows(pipeline) == {("a", 1, 0, None), ("b", 2, 0, "two again")}
     assert pipeline.verify().ok
+
+
+def test_late_duplicated_and_redelivered_events_change_nothing(tmp_path, spark, storage):
+    pipeline, w = make_pipeline(tmp_path, spark, storage, join_type="left")
+    old_rhs, new_rhs = (
+        w.upsert("rhs", {"id": 1, "value": "old"}, 1),
+        w.upsert("rhs", {"id": 1, "value": "new"}, 5),
+    )
+    old_lhs, new_lhs = (
+        w.upsert("lhs", {"id": "k", "fk": 2, "v": 1}, 2),
+        w.upsert("lhs", {"id": "k", "fk": 1, "v": 2}, 6),
+    )
+    deleted = w.delete("lhs", {"id": "gone", "fk": 1, "v": 0}, 7)
+    w.write("rhs", [new_rhs, old_rhs, new_rhs])  # shuffled and duplicated within a batch
+    w.write("lhs", [new_lhs, old_lhs, deleted])
+    pipeline.run()
+    assert silver_rows(pipeline) == {("k", 1, 2, "new")}
+    # At-least-once delivery: older events arrive again in later batches, one run each.
+    for table, event in [
+        ("rhs", old_rhs),
+        ("lhs", old_lhs),
+        ("lhs", w.upsert("lhs", {"id": "gone", "fk": 1, "v": 9}, 3)),
+    ]:
+        w.write(table, [event])
+        pipeline.run()
+        assert silver_rows(pipeline) == {("k", 1, 2, "new")}, table
