@@ -100,11 +100,11 @@ def write_snapshot(writer: EventWriter) -> None:
 
 def write_changes(writer: EventWriter) -> None:
     """Batch 2: an fk change, a customer rename with fan-out, a delete and an insert."""
-    o2 = _as_dict("orders", ORDERS[1])
+    o1 = _as_dict("orders", ORDERS[0])
     writer.write(
         "orders",
         [
-            writer.event("orders", "u", before=o2, after={**o2, "purchaser": 1003}, lsn=2001),
+            writer.event("orders", "u", before=o1, after={**o1, "purchaser": 1003}, lsn=2001),
             writer.delete("orders", _as_dict("orders", ORDERS[3]), lsn=2002),
             writer.upsert(
                 "orders", _as_dict("orders", (10005, datetime.date(2016, 3, 1), 1004, 3, 109)), 2003, "c"
@@ -140,7 +140,7 @@ def run_demo(directory: str | None = None) -> Pipeline:
     print(pipeline.run().summary())
     show_silver(pipeline, "silver after the snapshot")
     write_changes(EventWriter(folder / "landing", TABLES))
-    print("\nlanded batch 2: order 10002 moves to customer 1003, customer 1002 is renamed,")
+    print("\nlanded batch 2: order 10001 moves to customer 1003, customer 1002 (two orders) is renamed,")
     print("order 10004 is deleted, order 10005 is created")
     print(pipeline.run().summary())
     show_silver(pipeline, "silver after batch 2")
