@@ -33,6 +33,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     check.add_argument("config")
     check.add_argument("--run-id", type=int, default=None, help="the run to check (default: the newest)")
+    optimize = sub.add_parser(
+        "optimize", help="compact small files and Z-order subscriptions by fk where the policy says so"
+    )
+    optimize.add_argument("config")
+    optimize.add_argument("--force", action="store_true", help="optimize every table, policy or not")
     demo = sub.add_parser("demo", help="run a self-contained example on the inventory sample data")
     demo.add_argument("--dir", default=None, help="working folder (default: a new temporary folder)")
     return parser
@@ -73,6 +78,11 @@ def _dispatch(args: argparse.Namespace) -> int:
         report = check(config, pipeline.storage, run_id=args.run_id)
         print(report.summary())
         return 0 if report.ok else 1
+    if args.command == "optimize":
+        from cdc_join.maintenance import optimize_pipeline, summary
+
+        print(summary(optimize_pipeline(pipeline.storage, config, force=args.force)))
+        return 0
     if args.command == "verify":
         result = pipeline.verify(repair=args.repair)
         print(result.summary())

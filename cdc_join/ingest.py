@@ -23,6 +23,7 @@ moving or re-mounting the folder does not make its files new.
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -72,6 +73,7 @@ _QUARANTINE_MERGE = MergeSpec(
 )
 _LANDING_SUFFIXES = (".json", ".jsonl")
 _GLOB_SPECIAL = re.compile(r"([\\\[\]{}*?])")
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 
 StepHook = Callable[[str], None]
 
@@ -113,8 +115,9 @@ def ingest_all(
     spark: SparkSession, storage: Storage, config: PipelineConfig, *, after_step: StepHook | None = None
 ) -> dict[str, IngestReport]:
     """Ingest every source that has a landing folder; see :func:`ingest_source`."""
+    done = _ingested_by_source(storage, config)  # one read of the log for all sources
     return {
-        name: ingest_source(spark, storage, config, name, after_step=after_step)
+        name: ingest_source(spark, storage, config, name, after_step=after_step, done=done.get(name, set()))
         for name, source in config.sources.items()
         if source.landing is not None
     }
@@ -127,6 +130,7 @@ def ingest_source(
     source_name: str,
     *,
     after_step: StepHook | None = None,
+    done: set[str] | None = None,
 ) -> IngestReport:
     """Ingest the landing files of one source that the ingest log does not name yet.
 
@@ -137,6 +141,7 @@ def ingest_source(
         source_name: a source with a ``landing`` folder.
         after_step: called with each name of :data:`STEPS` after that write; an exception it
             raises stops the ingest there (tests use it to simulate a crash).
+        done: the names the ingest log records for this source, when the caller has read it.
 
     Returns:
         Counts of this run (all zero when there was nothing new).
@@ -149,7 +154,8 @@ def ingest_source(
     source = config.sources[source_name]
     if source.landing is None:
         raise InputError(f"source {source_name!r} has no landing folder to ingest")
-    done = ingested_files(storage, config, source_name)
+    if done is None:
+        done = ingested_files(storage, config, source_name)
     pending = [f for f in list_landing(spark, source.landing) if f.name not in done]
     counts = _ingest_files(spark, storage, config, source_name, pending, after_step) if pending else {}
     total = _FileCounts(*(sum(column) for column in zip(*(astuple(c) for c in counts.values()), strict=True)))
@@ -287,6 +293,16 @@ def _counts_by_file(parsed: ParsedBatch) -> dict[str, _FileCounts]:
     return {r["_file"]: _FileCounts(r["lines"], r["events"], r["quarantined"], r["tombstones"]) for r in rows}
 
 
+def _ingested_by_source(storage: Storage, config: PipelineConfig) -> dict[str, set[str]]:
+    """Per source, the names of the landing files the ingest log records as done."""
+    if not storage.exists(config.ingest_log_path):
+        return {}
+    done: dict[str, set[str]] = {}
+    for r in storage.read(config.ingest_log_path).select("source", "file").distinct().collect():
+        done.setdefault(r["source"], set()).add(r["file"])
+    return done
+
+
 def ingested_files(storage: Storage, config: PipelineConfig, source_name: str) -> set[str]:
     """Names of the landing files of ``source_name`` the ingest log records as done."""
     if not storage.exists(config.ingest_log_path):
@@ -309,9 +325,12 @@ def _known_row(storage: Storage, bronze_path: str) -> StructType | None:
 def list_landing(spark: SparkSession, folder: str) -> list[LandedFile]:
     """The landing files directly in ``folder``, by name.
 
-    Listed through Spark (the ``binaryFile`` source, content not read), so any file system
-    Spark can read works, not only local folders.
+    A local folder is listed directly (no Spark job); any other location through Spark (the
+    ``binaryFile`` source, content not read), so every file system Spark can read works.
     """
+    local = _local_folder(folder)
+    if local is not None:
+        return _list_local(local)
     pattern = f"{_glob_escape(folder.rstrip('/'))}/*.{{json,jsonl}}"
     try:
         found = spark.read.format("binaryFile").load(pattern).select("path", "length").collect()
@@ -321,6 +340,28 @@ def list_landing(spark: SparkSession, folder: str) -> list[LandedFile]:
         raise
     files = [LandedFile(r["path"].rsplit("/", 1)[-1], r["path"], int(r["length"])) for r in found]
     return sorted((f for f in files if _is_landing_name(f.name)), key=lambda f: f.name)
+
+
+def _local_folder(folder: str) -> str | None:
+    """The local path of ``folder``, or ``None`` when it names another file system."""
+    if folder.startswith("file:"):
+        rest = folder[len("file:") :]
+        return "/" + rest.lstrip("/") if rest.startswith("//") else rest
+    return None if _SCHEME.match(folder) else folder
+
+
+def _list_local(folder: str) -> list[LandedFile]:
+    try:
+        entries = list(os.scandir(folder))
+    except FileNotFoundError:
+        return []  # no file has landed yet (or the folder is not there yet)
+    files = [
+        # The form Spark's own listing gives (``file:`` plus the absolute path, not URI-encoded).
+        LandedFile(e.name, "file:" + os.path.abspath(e.path), e.stat().st_size)
+        for e in entries
+        if e.is_file() and _is_landing_name(e.name)
+    ]
+    return sorted(files, key=lambda f: f.name)
 
 
 def _is_landing_name(name: str) -> bool:

@@ -53,6 +53,13 @@ def check_responses(
         Valid responses that propagate (``pk_*, _right, _right_seq``), and stale ones
         (``pk_*, fk_*, _lhs_hash, _origin``).
     """
+    return split_checked(flag_responses(responses, left_state, config, join).cache(), config, join)
+
+
+def flag_responses(
+    responses: DataFrame, left_state: DataFrame, config: PipelineConfig, join: JoinConfig
+) -> DataFrame:
+    """The responses with ``_stale`` and ``_orphan`` flags (see :func:`check_responses`)."""
     left = config.left_source
     pks = pk_columns(left)
     current = left_state.select(
@@ -69,7 +76,12 @@ def check_responses(
         same_fk = same_fk & F.col(f"fk_{c}").eqNullSafe(F.col(f"cur_{c}"))
     current_value = ~gone & same_fk & F.col(LHS_HASH).eqNullSafe(F.col("cur_hash"))
     valid_flag = F.when(is_delete, gone).otherwise(F.coalesce(current_value, F.lit(False)))
-    checked = joined.withColumn(STALE, ~valid_flag).withColumn(ORPHAN, gone | ~same_fk).cache()
+    return joined.withColumn(STALE, ~valid_flag).withColumn(ORPHAN, gone | ~same_fk)
+
+
+def split_checked(checked: DataFrame, config: PipelineConfig, join: JoinConfig) -> CheckedResponses:
+    """Valid (propagating) and stale responses of :func:`flag_responses` output."""
+    pks = pk_columns(config.left_source)
     valid = checked.filter(~F.col(STALE) & (F.col(RIGHT).isNotNull() | F.col(PROPAGATE_IF_NULL)))
     return CheckedResponses(
         valid=valid.select(*pks, RIGHT, RIGHT_SEQ),

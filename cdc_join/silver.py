@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pyspark.sql import DataFrame
 
 from cdc_join.config import PipelineConfig
+from cdc_join.maintenance import table_properties
 from cdc_join.resolve import ACTION, output_columns, silver_key_columns
 from cdc_join.storage import MergeSpec, Storage
 
@@ -28,6 +29,9 @@ class SilverReport:
     files_added: int | None
     files_removed: int | None
     version: int
+    rows_written: int | None = None
+    """Rows in the data files the MERGE wrote: inserted and updated rows, plus the unchanged
+    rows copied out of every file it rewrote (Delta rewrites whole files; ``None`` if unknown)."""
 
 
 def merge_into_silver(storage: Storage, config: PipelineConfig, rows: DataFrame) -> SilverReport:
@@ -42,7 +46,7 @@ def merge_into_silver(storage: Storage, config: PipelineConfig, rows: DataFrame)
         Row and file counts of the MERGE.
     """
     path = config.silver_path
-    storage.create(path, rows.drop(ACTION).schema, cdf=True)
+    storage.create(path, rows.drop(ACTION).schema, cdf=True, properties=table_properties("silver"))
     keys = silver_key_columns(config)
     changed = " OR ".join(f"(t.`{c}` IS DISTINCT FROM s.`{c}`)" for c in output_columns(config))
     metrics = storage.merge(
@@ -57,11 +61,16 @@ def merge_into_silver(storage: Storage, config: PipelineConfig, rows: DataFrame)
             merge_schema=True,
         ),
     )
+    raw = metrics.extra.get("metrics") or {}
+    # delta-rs and delta-spark name the copied-rows metric differently.
+    copied = raw.get("num_target_rows_copied", raw.get("numTargetRowsCopied"))
+    inserted, updated = metrics.rows_inserted or 0, metrics.rows_updated or 0
     return SilverReport(
-        inserted=metrics.rows_inserted or 0,
-        updated=metrics.rows_updated or 0,
+        inserted=inserted,
+        updated=updated,
         deleted=metrics.rows_deleted or 0,
         files_added=metrics.files_added,
         files_removed=metrics.files_removed,
         version=metrics.version,
+        rows_written=None if copied is None else inserted + updated + int(copied),
     )

@@ -19,8 +19,10 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType
 
+from cdc_join.changeset import collect
 from cdc_join.config import SourceConfig
 from cdc_join.hashing import row_hash
+from cdc_join.maintenance import table_properties
 from cdc_join.storage import MergeSpec, Storage
 
 SEQ = "_cdc_seq"
@@ -137,30 +139,35 @@ def apply_changes(
     """
     rows_schema = events.schema["_after"].dataType
     assert isinstance(rows_schema, StructType)
-    storage.create(path, state_schema(rows_schema), cdf=True)
+    storage.create(path, state_schema(rows_schema), cdf=True, properties=table_properties("state"))
     watermark = truncate_watermark(events, previous_watermark)
     if watermark is not None:
         _apply_truncate(storage, path, source, watermark)
     upserts = events.filter(F.col("_op") != "t")
     if watermark is not None:
         upserts = upserts.filter(F.col("_seq") > F.lit(watermark))
-    newest = newest_per_key(events_as_state_rows(upserts, source), source.primary_key).cache()
-    try:
-        metrics = storage.merge(
-            path,
-            newest,
-            MergeSpec(
-                on=key_condition(source.primary_key),
-                update_condition=f"s.{SEQ} > t.{SEQ}",
-                merge_schema=True,
-            ),
-        )
-        changed = (metrics.rows_inserted or 0) + (metrics.rows_updated or 0)
-        return StateApplyReport(
-            events=newest.count(), keys_changed=changed, truncate_watermark=watermark, version=metrics.version
-        )
-    finally:
-        newest.unpersist()
+    # In key order, so the files the MERGE writes hold narrow key ranges and keyed reads of
+    # the state table (left changes, the stale check) skip the others.
+    newest = newest_per_key(events_as_state_rows(upserts, source), source.primary_key).orderBy(
+        *[F.col(f"`{c}`") for c in source.primary_key]
+    )
+    # Collected once: the MERGE writes these rows and their count is the report's.
+    rows = collect(newest).num_rows
+    if rows == 0:
+        return StateApplyReport(0, 0, watermark, storage.version(path))
+    metrics = storage.merge(
+        path,
+        newest,
+        MergeSpec(
+            on=key_condition(source.primary_key),
+            update_condition=f"s.{SEQ} > t.{SEQ}",
+            merge_schema=True,
+        ),
+    )
+    changed = (metrics.rows_inserted or 0) + (metrics.rows_updated or 0)
+    return StateApplyReport(
+        events=rows, keys_changed=changed, truncate_watermark=watermark, version=metrics.version
+    )
 
 
 def _apply_truncate(storage: Storage, path: str, source: SourceConfig, watermark: str) -> None:

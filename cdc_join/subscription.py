@@ -32,6 +32,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StructField, StructType
 
 from cdc_join.config import JoinConfig, JoinType, SourceConfig
+from cdc_join.state import DELETED, HASH
 from cdc_join.storage import MergeSpec, Storage
 
 OLD = "_old"
@@ -206,6 +207,27 @@ def apply_instructions(
         unsubscribed=metrics.rows_deleted or 0,
         version=metrics.version,
     )
+
+
+def rebuild(
+    storage: Storage, path: str, left_state: DataFrame, left: SourceConfig, join: JoinConfig, run_id: int
+) -> int:
+    """Overwrite the subscription table with one row per live left row that has an fk.
+
+    Rows are written in fk order, so the files come out clustered by fk (each holds a narrow
+    fk range), which is what lets right-driven lookups skip files. Returns the rows written.
+    """
+    fks, pks = fk_columns(join), pk_columns(left)
+    live = left_state.filter(~F.col(DELETED))
+    for c in join.foreign_key:
+        live = live.filter(F.col(f"`{c}`").isNotNull())
+    rows = live.select(
+        *[F.col(f"`{c}`").alias(f) for c, f in zip(join.foreign_key, fks, strict=True)],
+        *[F.col(f"`{c}`").alias(p) for c, p in zip(left.primary_key, pks, strict=True)],
+        F.col(HASH).alias(LHS_HASH),
+        F.lit(run_id).cast("long").alias(RUN_ID),
+    ).orderBy(*fks, *pks)
+    return storage.overwrite(path, rows).rows_inserted or 0
 
 
 def remove_subscriptions(

@@ -48,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     verify = sub.add_parser("verify", help="compare silver with a full recompute")
     verify.add_argument("config")
     verify.add_argument("--repair", action="store_true", help="fix silver in place when it differs")
+    optimize = sub.add_parser("optimize", help="compact small files and Z-order subscriptions by fk")
+    optimize.add_argument("config")
+    optimize.add_argument("--force", action="store_true", help="optimize every table, policy or not")
     return parser
 
 
@@ -95,11 +98,19 @@ def _verify(pipeline: Pipeline, args: argparse.Namespace) -> int:
     return 0 if result.ok or result.repaired else 1
 
 
+def _optimize(pipeline: Pipeline, args: argparse.Namespace) -> int:
+    from cdc_join.maintenance import optimize_pipeline, summary
+
+    print(summary(optimize_pipeline(pipeline.storage, pipeline.config, force=args.force)))
+    return 0
+
+
 COMMANDS: dict[str, Callable[[Pipeline, argparse.Namespace], int]] = {
     "run": _run,
     "check": _check,
     "full-refresh": _full_refresh,
     "verify": _verify,
+    "optimize": _optimize,
 }
 
 

@@ -76,6 +76,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from cdc_join.changeset import arrow_of
 from cdc_join.errors import StorageError
 from cdc_join.storage.base import FileStats, MergeSpec, WriteMetrics, is_table_name
 
@@ -402,7 +403,10 @@ class DeltaRsStorage:
         it merges schemas. A column that really holds nulls keeps its nullable flag, so
         delta-rs still rejects the write instead of storing nulls in a NOT NULL column.
         """
-        table = df.toArrow()
+        # A change set materialized earlier in the run carries its rows: no second Spark job.
+        table = arrow_of(df)
+        if table is None:
+            table = df.toArrow()
         if target is None:
             return table
         fields = []

@@ -1,0 +1,317 @@
+"""Benchmark runner: incremental runs against full refreshes on the TPC-H CDC workload.
+
+    python -m benchmarks.run --scale 0.1 1 --batch-fraction 0.001 0.01 0.1 --out results.json
+
+Per scale factor: a fresh lake gets the TPC-H snapshot (see :mod:`benchmarks.workload`) and an
+initial pipeline run. Then, per batch fraction, ``--repeat`` change batches are landed; after
+each one, in the same Spark session, come the incremental run (``Pipeline.run()``: ingest of
+the batch's landing files, then the join), the plain Spark full refresh of the same state,
+the DuckDB full join, and the check that all three outputs hold the same rows (a difference
+fails the benchmark with exit status 1). Medians of the repeats go into the summary rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks.baseline import compare, duckdb_full_join, spark_full_refresh
+from benchmarks.workload import Workload
+
+
+def machine() -> dict[str, Any]:
+    """The machine and software versions the numbers were measured with."""
+    import deltalake
+    import duckdb
+    import pyspark
+
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    memory = None
+    with contextlib.suppress(ValueError, OSError):
+        memory = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": memory,
+        "python": platform.python_version(),
+        "pyspark": pyspark.__version__,
+        "deltalake": deltalake.__version__,
+        "duckdb": duckdb.__version__,
+    }
+
+
+def _load() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+def _step_sum(report: Any, prefix: str, key: str) -> int:
+    return sum(int(c.get(key) or 0) for name, c in report.steps.items() if name.startswith(prefix))
+
+
+def run_batch(
+    wl: Workload,
+    pipeline: Any,
+    fraction: float,
+    changes: int | None,
+    work: Path,
+    customers: int | None = None,
+) -> dict[str, Any]:
+    """Land one batch, run the incremental run and both full refreshes, compare outputs.
+
+    With ``customers`` the batch is RF3a alone: that many customer updates.
+    """
+    batch = wl.customer_batch(customers) if customers else wl.change_batch(fraction, changes)
+    load_before = _load()
+    start = time.perf_counter()
+    report = pipeline.run()
+    incremental = time.perf_counter() - start
+    full = spark_full_refresh(pipeline.storage, pipeline.config)
+    duck_out = work / "duckdb_result.parquet"
+    duck = duckdb_full_join(pipeline.storage, pipeline.config, duck_out)
+    check = compare(pipeline.storage, pipeline.config, duck_out)
+    silver = report.steps.get("silver", {})
+    changed = int(silver.get("inserted", 0)) + int(silver.get("updated", 0)) + int(silver.get("deleted", 0))
+    written = silver.get("rows_written")
+    sub = report.steps.get("lookup:customer", {})
+    live = wl.live_counts()
+    return {
+        "batch": batch.number,
+        "left_rows": live["orders"],
+        "right_rows": live["customer"],
+        "changed_rows": batch.changed_rows,
+        "events": batch.events,
+        "duplicate_events": batch.duplicates,
+        "new_orders": batch.new_orders,
+        "deleted_orders": batch.deleted_orders,
+        "customers_updated": batch.customers_updated,
+        "orders_moved": batch.orders_moved,
+        "incremental_s": round(incremental, 3),
+        "full_refresh_s": round(full, 3),
+        "duckdb_full_s": round(duck, 3),
+        "speedup": round(full / incremental, 2),
+        "plan": report.steps.get("plan", {}).get("decision", "incremental"),
+        "subscription_files_scanned": sub.get("subscription_files_scanned"),
+        "subscription_files_total": sub.get("subscription_files_total"),
+        "silver_rows_written": written,
+        "silver_rows_changed": changed,
+        "write_amplification": round(written / changed, 2) if written is not None and changed else None,
+        "verify": {"ok": check.ok, **check.__dict__},
+        "load_before": load_before,
+        "load_after": _load(),
+        "steps_s": dict(report.seconds),
+        "steps": report.steps,
+    }
+
+
+def _median(rows: list[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in rows if r.get(key) is not None]
+    return round(statistics.median(values), 3) if values else None
+
+
+def summarize(scale: float, fraction: float, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """One result row: medians of the repeats, and whether every repeat verified."""
+    summary = {"scale": scale, "batch_fraction": fraction, "repeats": len(rows)}
+    for key in (
+        "left_rows",
+        "right_rows",
+        "changed_rows",
+        "incremental_s",
+        "full_refresh_s",
+        "duckdb_full_s",
+        "subscription_files_scanned",
+        "subscription_files_total",
+        "silver_rows_written",
+        "silver_rows_changed",
+        "write_amplification",
+    ):
+        summary[key] = _median(rows, key)
+    inc, full = summary["incremental_s"], summary["full_refresh_s"]
+    summary["speedup"] = round(full / inc, 2) if inc and full else None
+    summary["plans"] = sorted({r["plan"] for r in rows})
+    summary["verify"] = all(r["verify"]["ok"] for r in rows)
+    summary["load"] = [min(r["load_before"] for r in rows), max(r["load_after"] for r in rows)]
+    return summary
+
+
+def bench_scale(
+    spark: Any,
+    storage: Any,
+    scale: float,
+    fractions: Sequence[float],
+    repeat: int,
+    changes: int | None,
+    work: Path,
+    seed: int,
+    optimize_after_load: bool,
+    progress: Any,
+    rf3a_customers: int = 100,
+) -> dict[str, Any]:
+    """The initial load and every batch fraction at one scale factor, on a fresh lake."""
+    from cdc_join.config import load_config
+    from cdc_join.pipeline import Pipeline
+
+    root = work / f"sf{scale:g}"
+    shutil.rmtree(root, ignore_errors=True)
+    wl = Workload(root, scale, seed=seed, cache=work / "tpch")
+    config = load_config(wl.write_config())
+    start = time.perf_counter()
+    snapshot = wl.load_snapshot(spark, storage, config)
+    load_s = time.perf_counter() - start
+    pipeline = Pipeline(config, spark, storage)
+    start = time.perf_counter()
+    initial = pipeline.run()
+    initial_s = time.perf_counter() - start
+    progress(f"sf {scale:g}: snapshot {snapshot} bronze in {load_s:.1f}s, initial run {initial_s:.1f}s")
+    optimize: dict[str, Any] | None = None
+    if optimize_after_load:
+        from cdc_join.maintenance import optimize_pipeline
+
+        start = time.perf_counter()
+        optimize = {"actions": optimize_pipeline(storage, config, force=True)}
+        optimize["seconds"] = round(time.perf_counter() - start, 3)
+        progress(f"sf {scale:g}: optimize {optimize['seconds']}s")
+
+    def one(label: str, fraction: float, customers: int | None = None) -> dict[str, Any]:
+        row = run_batch(wl, pipeline, fraction, changes, work, customers)
+        row.update(batch_fraction=fraction, scale=scale, label=label)
+        progress(
+            f"sf {scale:g} {label} batch {row['batch']}: incremental {row['incremental_s']}s "
+            f"full {row['full_refresh_s']}s duckdb {row['duckdb_full_s']}s plan {row['plan']} "
+            f"subs files {row['subscription_files_scanned']}/{row['subscription_files_total']} "
+            f"verify {row['verify']['ok']} load {row['load_before']}->{row['load_after']}"
+        )
+        if not row["verify"]["ok"]:
+            progress(f"VERIFY FAILED: {row['verify']}")
+        return row
+
+    results, batches = [], []
+    maintenance: dict[str, Any] | None = None
+    for i, fraction in enumerate(fractions):
+        rows = [one(f"f {fraction:g}", fraction) for _ in range(repeat)]
+        batches += rows
+        results.append(summarize(scale, fraction, rows))
+        if i == 0 and rf3a_customers:
+            maintenance = optimize_experiment(pipeline, rf3a_customers, one, progress)
+    return {
+        "scale": scale,
+        "snapshot_rows": snapshot,
+        "bronze_load_s": round(load_s, 3),
+        "initial_run_s": round(initial_s, 3),
+        "initial_steps_s": dict(initial.seconds),
+        "optimize": optimize,
+        "optimize_experiment": maintenance,
+        "results": results,
+        "batches": batches,
+    }
+
+
+def optimize_experiment(pipeline: Any, customers: int, one: Any, progress: Any) -> dict[str, Any]:
+    """An RF3a-only batch, the maintenance policy (``cdc-join optimize``), the same batch again.
+
+    Shows what the files written by the incremental MERGEs so far cost a right-driven lookup,
+    and what optimizing gives back.
+    """
+    from cdc_join.maintenance import optimize_pipeline
+
+    before = one(f"rf3a {customers} customers, before optimize", 0.0, customers)
+    start = time.perf_counter()
+    actions = optimize_pipeline(pipeline.storage, pipeline.config)
+    seconds = time.perf_counter() - start
+    progress(f"optimize: {seconds:.1f}s {[(a['path'].rsplit('/', 1)[-1], a['action']) for a in actions]}")
+    after = one(f"rf3a {customers} customers, after optimize", 0.0, customers)
+    return {"optimize_s": round(seconds, 3), "actions": actions, "before": before, "after": after}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n")[0])
+    parser.add_argument("--scale", type=float, nargs="+", default=[0.1], help="TPC-H scale factors")
+    parser.add_argument(
+        "--batch-fraction", type=float, nargs="+", default=[0.001], help="changed orders per RF, as a share"
+    )
+    parser.add_argument(
+        "--changes", type=int, default=None, help="changed orders per RF (overrides fraction)"
+    )
+    parser.add_argument("--repeat", type=int, default=3, help="batches per fraction (median reported)")
+    parser.add_argument("--out", type=Path, default=Path("results.json"))
+    parser.add_argument("--work", type=Path, default=None, help="working folder (default: a temporary one)")
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--optimize", action="store_true", help="run `optimize` after the initial load")
+    parser.add_argument(
+        "--rf3a-customers",
+        type=int,
+        default=100,
+        help="after the first fraction: an RF3a-only batch of this many customers, optimize, again (0: skip)",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from cdc_join.session import get_spark
+    from cdc_join.storage import get_storage
+
+    work = args.work or Path(tempfile.mkdtemp(prefix="cdc_join_bench_"))
+    work.mkdir(parents=True, exist_ok=True)
+    # Initial loads and recomputes move whole tables through the driver (Spark → Arrow → delta-rs).
+    # Keyed reads hand Spark up to hundreds of small files: list them on the driver, not in a job.
+    spark = get_spark(
+        "cdc_join-benchmark",
+        {
+            "spark.driver.memory": "8g",
+            "spark.driver.maxResultSize": "6g",
+            "spark.sql.sources.parallelPartitionDiscovery.threshold": "100000",
+        },
+    )
+    storage = get_storage(spark, "delta-rs")
+
+    def progress(line: str) -> None:
+        print(line, flush=True)
+
+    scales = [
+        bench_scale(
+            spark,
+            storage,
+            s,
+            args.batch_fraction,
+            args.repeat,
+            args.changes,
+            work,
+            args.seed,
+            args.optimize,
+            progress,
+            args.rf3a_customers,
+        )
+        for s in args.scale
+    ]
+    out = {
+        "machine": machine(),
+        "command": " ".join(["python -m benchmarks.run", *(argv if argv is not None else sys.argv[1:])]),
+        "results": [r for s in scales for r in s["results"]],
+        "scales": scales,
+    }
+    args.out.write_text(json.dumps(out, indent=2, default=str))
+    ok = all(r["verify"] for r in out["results"])
+    print(f"wrote {args.out}; verify {'ok' if ok else 'FAILED'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

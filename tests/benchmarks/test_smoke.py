@@ -1,0 +1,48 @@
+"""Smoke test of the benchmark: the whole runner at a tiny scale, in seconds.
+
+The TPC-H workload at scale 0.001 (1,500 orders, 150 customers): snapshot, initial run, a
+forced ``optimize``, then one change batch of every refresh function with duplicates, followed
+by the incremental run, the Spark full refresh and the DuckDB full join, whose outputs must
+agree row for row. The real measurements are ``python -m benchmarks.run`` (see
+``benchmarks/README.md``); they are not part of the test suite.
+"""
+
+from __future__ import annotations
+
+import json
+
+from benchmarks.run import bench_scale
+from cdc_join.config import load_config
+from cdc_join.maintenance import optimize_pipeline
+
+
+def test_benchmark_runs_end_to_end_and_outputs_agree(tmp_path, spark, storage):
+    lines: list[str] = []
+    result = bench_scale(
+        spark,
+        storage,
+        0.001,
+        [0.01],
+        repeat=1,
+        changes=None,
+        work=tmp_path,
+        seed=1,
+        optimize_after_load=True,
+        progress=lines.append,
+        rf3a_customers=0,
+    )
+    (row,) = result["results"]
+    assert row["verify"], lines
+    assert row["left_rows"] == 1500 and row["right_rows"] == 150
+    assert row["changed_rows"] == 15 + 15 + 15 + 1  # RF1 + RF2 + RF3b orders, RF3a customers
+    for key in ("incremental_s", "full_refresh_s", "duckdb_full_s", "speedup", "silver_rows_written"):
+        assert row[key] is not None and row[key] > 0, key
+    assert 0 < row["silver_rows_changed"] <= row["silver_rows_written"]
+    (batch,) = result["batches"]
+    assert batch["plan"] == "incremental"
+    assert batch["subscription_files_total"] >= batch["subscription_files_scanned"] > 0
+    subscriptions = [a for a in result["optimize"]["actions"] if "/subscription/" in a["path"]]
+    assert subscriptions and all(a["action"] == "zorder" for a in subscriptions)
+    config = load_config(tmp_path / "sf0.001" / "pipeline.yml")
+    assert all("action" in a for a in optimize_pipeline(storage, config))  # the policy on a healthy lake
+    json.dumps(result, default=str)
