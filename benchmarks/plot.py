@@ -1,63 +1,102 @@
-"""Plot run time against table size for a fixed number of changes, from a results JSON.
+"""Plot run time against table size for a fixed number of changes, from results JSON files.
 
-    python -m benchmarks.plot results.json benchmarks/runtime_vs_size.png
+    python -m benchmarks.plot benchmarks/runtime_vs_size.png results.json [more.json ...]
 
-Takes, per scale factor, the result row whose change count per refresh function (``n``) is the
-most common one across scales — with the default grid (SF 0.01/0.1/1, fractions
-0.1/0.01/0.001) that is ``n = 1,500``, the same absolute batch at every size — and draws the
-incremental run, the Spark full refresh and the DuckDB full join against the left table's rows.
+For every change count (``changed_rows``, the same absolute batch) measured at more than one
+scale factor — with ``--scale 0.1 1 --batch-fraction 0.001 0.01 0.1`` those are the batches of
+1,500 and 15,000 orders per refresh function — draws the incremental run (join only, and with
+the ingest of the batch) and the Spark full refresh against the left table's rows, plus the
+DuckDB full join as a single-node reference.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from collections import Counter
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 
-def fixed_change_rows(results: list[dict[str, Any]]) -> tuple[int, list[dict[str, Any]]]:
-    """The change count shared by most scales, and one result row per scale with it."""
+def shared_change_counts(results: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+    """Result rows per change count measured at two or more scales, smallest table first."""
+    by_count: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for r in results:
+        by_count[int(r["changed_rows"])].append(r)
+    return {
+        n: sorted(rows, key=lambda r: r["left_rows"])
+        for n, rows in sorted(by_count.items())
+        if len({r["scale"] for r in rows}) > 1
+    }
 
-    def n(row: dict[str, Any]) -> int:
-        return round(row["batch_fraction"] * row["left_rows"])
 
-    counts = Counter(n(r) for r in results)
-    common = max(counts, key=lambda k: (len({r["scale"] for r in results if n(r) == k}), k))
-    rows = sorted((r for r in results if n(r) == common), key=lambda r: r["left_rows"])
-    return common, rows
+def load(paths: list[Path]) -> dict[str, Any]:
+    """Results JSON files merged (e.g. one run per scale factor): their result rows and scales."""
+    merged: dict[str, Any] = {"results": [], "scales": []}
+    for path in paths:
+        data = json.loads(path.read_text())
+        merged["machine"] = data.get("machine", {})
+        merged["results"] += data["results"]
+        merged["scales"] += data["scales"]
+    return merged
 
 
-def plot(results_path: Path, out: Path) -> Path:
+def plot(results_paths: list[Path], out: Path) -> Path:
     """Write the PNG and return its path."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    data = json.loads(results_path.read_text())
-    n, rows = fixed_change_rows(data["results"])
-    sizes = [r["left_rows"] for r in rows]
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    ax.plot(sizes, [r["full_refresh_s"] for r in rows], "s-", label="full refresh (Spark)")
-    ax.plot(sizes, [r["duckdb_full_s"] for r in rows], "^--", label="full join (DuckDB, reference)")
-    ax.plot(sizes, [r["incremental_s"] for r in rows], "o-", label="incremental run (ingest + join)")
-    for r in rows:
-        ax.annotate(
-            f"SF {r['scale']:g}, {'/'.join(r['plans'])}",
-            (r["left_rows"], r["incremental_s"]),
-            textcoords="offset points",
-            xytext=(4, -12),
-            fontsize=8,
+    data = load(results_paths)
+    series = shared_change_counts(data["results"])
+    if not series:
+        raise SystemExit("no change count was measured at more than one scale factor")
+    fig, ax = plt.subplots(figsize=(8, 5))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for color, (n, rows) in zip(colors, series.items(), strict=False):
+        sizes = [r["left_rows"] for r in rows]
+        label = f"{n:,} changed rows"
+        ax.plot(sizes, [r["full_refresh_s"] for r in rows], "s-", color=color, label=f"full refresh, {label}")
+        ax.plot(
+            sizes,
+            [r["incremental_s"] for r in rows],
+            "o-",
+            color=color,
+            alpha=0.8,
+            label=f"incremental join, {label}",
         )
+        ax.plot(
+            sizes,
+            [r["incremental_with_ingest_s"] for r in rows],
+            "o:",
+            color=color,
+            alpha=0.6,
+            label=f"incremental incl. ingest, {label}",
+        )
+        ax.plot(
+            sizes,
+            [r["duckdb_full_s"] for r in rows],
+            "^--",
+            color=color,
+            alpha=0.5,
+            label=f"DuckDB full join, {label}",
+        )
+        for r in rows:
+            ax.annotate(
+                "/".join(r["plans"]),
+                (r["left_rows"], r["incremental_s"]),
+                textcoords="offset points",
+                xytext=(4, -10),
+                fontsize=7,
+            )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("orders (left table rows)")
     ax.set_ylabel("seconds (median of repeats)")
-    ax.set_title(f"Run time vs table size, {n:,} changed orders per refresh function")
+    ax.set_title("Run time vs table size for the same absolute batch")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=7)
     machine = data.get("machine", {})
     fig.text(0.01, 0.01, f"{machine.get('cores')} cores, {machine.get('cpu', '')}", fontsize=7, alpha=0.7)
     fig.tight_layout()
@@ -66,4 +105,4 @@ def plot(results_path: Path, out: Path) -> Path:
 
 
 if __name__ == "__main__":
-    print(plot(Path(sys.argv[1]), Path(sys.argv[2] if len(sys.argv) > 2 else "runtime_vs_size.png")))
+    print(plot([Path(p) for p in sys.argv[2:]], Path(sys.argv[1])))

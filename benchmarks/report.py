@@ -5,7 +5,6 @@ python -m benchmarks.report results.json
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,17 +23,18 @@ def _fmt(value: Any, digits: int = 1) -> str:
 def results_table(results: list[dict[str, Any]]) -> str:
     """One row per scale factor and batch fraction (medians of the repeats)."""
     head = (
-        "| SF | batch fraction | orders | customers | changed rows | incremental s | full refresh s | "
-        "DuckDB full s | speedup | plan | subscription files read | silver rows written / changed "
-        "(amplification) | verify | load |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "| SF | batch fraction | orders | customers | changed rows | ingest s | incremental s | "
+        "full refresh s | DuckDB full s | speedup | speedup with ingest | plan | subscription files read "
+        "| silver rows written / changed (amplification) | verify | load |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     lines = [head]
     for r in results:
         lines.append(
             f"| {r['scale']:g} | {r['batch_fraction']:g} | {_fmt(r['left_rows'])} | {_fmt(r['right_rows'])} "
-            f"| {_fmt(r['changed_rows'])} | {_fmt(r['incremental_s'])} | {_fmt(r['full_refresh_s'])} "
-            f"| {_fmt(r['duckdb_full_s'])} | {_fmt(r['speedup'], 2)} | {'/'.join(r['plans'])} "
+            f"| {_fmt(r['changed_rows'])} | {_fmt(r.get('ingest_s'))} | {_fmt(r['incremental_s'])} "
+            f"| {_fmt(r['full_refresh_s'])} | {_fmt(r['duckdb_full_s'])} | {_fmt(r['speedup'], 2)} "
+            f"| {_fmt(r.get('speedup_with_ingest'), 2)} | {'/'.join(r['plans'])} "
             f"| {_fmt(r['subscription_files_scanned'])} / {_fmt(r['subscription_files_total'])} "
             f"| {_fmt(r['silver_rows_written'])} / {_fmt(r['silver_rows_changed'])} "
             f"({_fmt(r['write_amplification'])}) | {'ok' if r['verify'] else 'FAILED'} "
@@ -70,12 +70,14 @@ def experiment_table(scales: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main(path: str) -> None:
-    data = json.loads(Path(path).read_text())
+def main(paths: list[str]) -> None:
+    from benchmarks.plot import load
+
+    data = load([Path(p) for p in paths])
     print(results_table(data["results"]))
     print()
     print(experiment_table(data["scales"]))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1:])

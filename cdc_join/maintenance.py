@@ -79,18 +79,26 @@ class TableHealth:
 
 
 def overlap(files: list[FileStats], column: str) -> float | None:
-    """Average number of files whose ``column`` range holds each file's minimum (1.0 = disjoint)."""
+    """Average number of files whose ``column`` range holds each file's minimum (1.0 = disjoint).
+
+    Files holding a single value (min = max) count only for themselves: with few distinct
+    values (1,000 clerks for 1.5 M orders) one value fills several files however well the
+    table is clustered, and those files are not what makes a lookup read more.
+    """
     ranged = [
         f for f in files if f.min_values.get(column) is not None and f.max_values.get(column) is not None
     ]
     if not ranged:
         return None
+    spans = [f for f in ranged if f.min_values[column] != f.max_values[column]]
     try:
-        lows = sorted(f.min_values[column] for f in ranged)
-        highs = sorted(f.max_values[column] for f in ranged)
-        # Files covering v: those starting at or before v, minus those ending before v.
+        lows = sorted(f.min_values[column] for f in spans)
+        highs = sorted(f.max_values[column] for f in spans)
+        # Spanning files covering v: those starting at or before v, minus those ending before v.
         depth = [
-            bisect.bisect_right(lows, f.min_values[column]) - bisect.bisect_left(highs, f.min_values[column])
+            bisect.bisect_right(lows, f.min_values[column])
+            - bisect.bisect_left(highs, f.min_values[column])
+            + (1 if f.min_values[column] == f.max_values[column] else 0)
             for f in ranged
         ]
     except TypeError:

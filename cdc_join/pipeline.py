@@ -30,7 +30,7 @@ from cdc_join.maintenance import table_properties
 from cdc_join.report import RunReport
 from cdc_join.runlog import Checkpoint, commit_run, last_checkpoint, run_lock
 from cdc_join.session import get_spark
-from cdc_join.silver import merge_into_silver
+from cdc_join.silver import merge_into_silver, only_changes
 from cdc_join.storage import Storage, get_storage
 
 
@@ -298,7 +298,12 @@ class Pipeline:
             rows = resolve.build_rows(cfg, left_rows, right_by_alias, report.run_id)
             counts["affected_keys"] = "all"
         with report.step("silver") as counts:
-            self._merge_silver(rows, counts)
+            # Only the rows that differ from silver go into the MERGE (one Spark join on the key).
+            changes = only_changes(store, cfg, rows)
+            if collect(changes).num_rows or not store.exists(cfg.silver_path):
+                self._merge_silver(changes, counts)
+            else:
+                counts.update(inserted=0, updated=0, deleted=0, rows_written=0)
         with report.step("cleanup") as counts:
             counts["stale_subscriptions_removed"] = "none left: subscriptions were rebuilt"
 

@@ -9,9 +9,13 @@ a crash does. Change Data Feed is on, so downstream jobs can read silver increme
 
 from __future__ import annotations
 
+import functools
+import operator
 from dataclasses import dataclass
 
 from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import MapType
 
 from cdc_join.config import PipelineConfig
 from cdc_join.maintenance import table_properties
@@ -74,3 +78,38 @@ def merge_into_silver(storage: Storage, config: PipelineConfig, rows: DataFrame)
         version=metrics.version,
         rows_written=None if copied is None else inserted + updated + int(copied),
     )
+
+
+def only_changes(storage: Storage, config: PipelineConfig, rows: DataFrame) -> DataFrame:
+    """The rows of ``rows`` that change silver: new or different upserts, deletes of present keys.
+
+    A recompute builds a row for every left key; MERGEing them all would make the MERGE join and
+    rewrite the whole table for every run. Comparing with silver in Spark first (one join on
+    the key) leaves a MERGE of the real changes only. The kept rows are exactly those the
+    MERGE of :func:`merge_into_silver` would act on, so the result is the same.
+
+    Falls back to ``rows`` unchanged when silver does not exist yet, lacks one of the output
+    columns (the select list grew), or has a map column (maps cannot be compared in Spark).
+    """
+    path = config.silver_path
+    if not storage.exists(path):
+        return rows
+    silver = storage.read(path)
+    keys, columns = silver_key_columns(config), output_columns(config)
+    have = {f.name: f.dataType for f in silver.schema.fields}
+    if any(c not in have or isinstance(have[c], MapType) for c in columns):
+        return rows
+    current = silver.select(
+        *[F.col(f"`{k}`") for k in keys],
+        F.lit(True).alias("__present"),
+        *[F.col(f"`{c}`").alias(f"__silver_{i}") for i, c in enumerate(columns)],
+    )
+    joined = rows.join(current, keys, "left")
+    present = F.col("__present").isNotNull()
+    differs = functools.reduce(
+        operator.or_,
+        [~F.col(f"`{c}`").eqNullSafe(F.col(f"__silver_{i}")) for i, c in enumerate(columns)],
+        F.lit(False),
+    )
+    keep = F.when(F.col(ACTION) == "delete", present).otherwise(~present | differs)
+    return joined.filter(keep).select(*[F.col(f"`{c}`") for c in rows.columns])

@@ -1,0 +1,64 @@
+"""The silver hop: which rows a recompute hands to the MERGE, and what the MERGE does with them."""
+
+from __future__ import annotations
+
+from cdc_join.silver import merge_into_silver, only_changes
+from tests.support import make_pipeline
+
+SCHEMA = (
+    "_pk_id string, key string, fk long, v long, value string, "
+    "_seq_lhs string, _seq_rhs string, _run_id long, _action string"
+)
+
+
+def _rows(spark, *rows):
+    return spark.createDataFrame(list(rows), SCHEMA)
+
+
+def test_only_changes_keeps_what_the_merge_would_act_on(tmp_path, spark, storage):
+    pipeline, _ = make_pipeline(tmp_path, spark, storage)
+    cfg = pipeline.config
+    merge_into_silver(
+        storage,
+        cfg,
+        _rows(
+            spark,
+            ("a", "a", 1, 10, "x", "1", "1", 1, "upsert"),
+            ("b", "b", 1, 20, "x", "1", "1", 1, "upsert"),
+            ("c", "c", 2, None, "y", "1", "1", 1, "upsert"),
+            ("d", "d", 2, 40, "y", "1", "1", 1, "upsert"),
+        ),
+    )
+    candidates = _rows(
+        spark,
+        ("a", "a", 1, 10, "x", "9", "9", 2, "upsert"),  # same data, new lineage: unchanged
+        ("b", "b", 1, 21, "x", "1", "1", 2, "upsert"),  # v differs
+        ("c", "c", 2, 30, "y", "1", "1", 2, "upsert"),  # null -> value
+        ("d", "d", 2, 40, "y", "1", "1", 2, "delete"),  # delete of a present key
+        ("e", "e", 3, 50, "z", "1", "1", 2, "upsert"),  # new key
+        ("f", "f", 3, 60, "z", "1", "1", 2, "delete"),  # delete of an absent key: nothing to do
+    )
+    kept = {(r["_pk_id"], r["_action"]) for r in only_changes(storage, cfg, candidates).collect()}
+    assert kept == {("b", "upsert"), ("c", "upsert"), ("d", "delete"), ("e", "upsert")}
+
+    # MERGEing only the kept rows leaves silver as MERGEing every candidate would.
+    merge_into_silver(storage, cfg, only_changes(storage, cfg, candidates))
+    silver = {tuple(r) for r in storage.read(cfg.silver_path).select("key", "v").collect()}
+    assert silver == {("a", 10), ("b", 21), ("c", 30), ("e", 50)}
+
+
+def test_only_changes_passes_everything_before_silver_exists(tmp_path, spark, storage):
+    pipeline, _ = make_pipeline(tmp_path, spark, storage)
+    rows = _rows(spark, ("a", "a", 1, 10, "x", "1", "1", 1, "upsert"))
+    assert only_changes(storage, pipeline.config, rows) is rows
+
+
+def test_full_refresh_of_unchanged_sources_writes_no_silver_rows(tmp_path, spark, storage):
+    pipeline, writer = make_pipeline(tmp_path, spark, storage)
+    writer.write("rhs", [writer.upsert("rhs", {"id": 1, "value": "x"}, lsn=1, op="c")])
+    writer.write("lhs", [writer.upsert("lhs", {"id": "a", "fk": 1, "v": 10}, lsn=2, op="c")])
+    pipeline.run()
+    version = storage.version(pipeline.config.silver_path)
+    report = pipeline.full_refresh()
+    assert report.steps["silver"]["inserted"] == report.steps["silver"]["updated"] == 0
+    assert storage.version(pipeline.config.silver_path) == version
