@@ -50,6 +50,38 @@ def steps_table(batch: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def same_changes_steps_table(scales: list[dict[str, Any]]) -> str:
+    """Median seconds per step for the same absolute batch at each scale: what grows with size."""
+    import statistics
+
+    batches = [b for s in scales for b in s["batches"] if str(b.get("label", "")).startswith("f ")]
+    by_count: dict[int, dict[float, list[dict[str, Any]]]] = {}
+    for b in batches:
+        by_count.setdefault(int(b["changed_rows"]), {}).setdefault(b["scale"], []).append(b)
+    shared = {n: per for n, per in by_count.items() if len(per) > 1}
+    if not shared:
+        return ""
+    n = min(shared)
+    per_scale = dict(sorted(shared[n].items()))
+    steps: list[str] = []
+    for rows in per_scale.values():
+        for b in rows:
+            steps += [k for k in b["steps_s"] if k not in steps]
+    head = "| step | " + " | ".join(f"SF {sc:g} s" for sc in per_scale) + " |"
+    lines = [f"{n:,} changed rows per batch, median of the repeats:", "", head]
+    lines.append("|---|" + "---|" * len(per_scale))
+    for step in [*steps, "total"]:
+        cells = []
+        for rows in per_scale.values():
+            if step == "total":
+                values = [sum(b["steps_s"].values()) for b in rows]
+            else:
+                values = [b["steps_s"].get(step, 0.0) for b in rows]
+            cells.append(f"{statistics.median(values):.2f}")
+        lines.append(f"| {step} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def experiment_table(scales: list[dict[str, Any]]) -> str:
     """The RF3a-only batch before and after ``optimize``, per scale."""
     lines = [
@@ -77,6 +109,8 @@ def main(paths: list[str]) -> None:
     print(results_table(data["results"]))
     print()
     print(experiment_table(data["scales"]))
+    print()
+    print(same_changes_steps_table(data["scales"]))
 
 
 if __name__ == "__main__":

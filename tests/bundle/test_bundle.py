@@ -151,6 +151,7 @@ def test_pipeline_tasks_are_cdc_join_commands_on_the_configured_pipeline(jobs, b
     expected = {
         ("cdc_join_incremental", "run"): "run",
         ("cdc_join_incremental", "quality"): "check",
+        ("cdc_join_incremental", "maintain"): "optimize",
         ("cdc_join_full_refresh", "full_refresh"): "full-refresh",
         ("cdc_join_full_refresh", "verify"): "verify",
     }
@@ -178,6 +179,7 @@ def test_incremental_job_runs_one_at_a_time_on_a_schedule_and_checks_after_the_r
     assert _variables(bundle, "prod")["schedule_pause_status"] == "UNPAUSED"
     tasks = {t["task_key"]: t for t in job["tasks"]}
     assert tasks["quality"]["depends_on"] == [{"task_key": "run"}]
+    assert tasks["maintain"]["depends_on"] == [{"task_key": "run"}]
     assert tasks["run"]["max_retries"] > 0
 
 
