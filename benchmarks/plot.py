@@ -54,7 +54,7 @@ def plot(results_paths: list[Path], out: Path) -> Path:
         raise SystemExit("no change count was measured at more than one scale factor")
     fig, ax = plt.subplots(figsize=(8, 5))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for color, (n, rows) in zip(colors, series.items(), strict=False):
+    for index, (color, (n, rows)) in enumerate(zip(colors, series.items(), strict=False)):
         sizes = [r["left_rows"] for r in rows]
         label = f"{n:,} changed rows"
         ax.plot(sizes, [r["full_refresh_s"] for r in rows], "s-", color=color, label=f"full refresh, {label}")
@@ -87,7 +87,7 @@ def plot(results_paths: list[Path], out: Path) -> Path:
                 "/".join(r["plans"]),
                 (r["left_rows"], r["incremental_s"]),
                 textcoords="offset points",
-                xytext=(4, -10),
+                xytext=(4, 6 if index % 2 else -12),
                 fontsize=7,
             )
     ax.set_xscale("log")

@@ -74,15 +74,17 @@ def run_batch(
     changes: int | None,
     work: Path,
     customers: int | None = None,
+    plan: str = "auto",
 ) -> dict[str, Any]:
     """Land one batch, run the incremental run and both full refreshes, compare outputs.
 
-    With ``customers`` the batch is RF3a alone: that many customer updates.
+    With ``customers`` the batch is RF3a alone: that many customer updates. ``plan`` is passed
+    to ``Pipeline.run`` (``auto``: the cost rule decides).
     """
     batch = wl.customer_batch(customers) if customers else wl.change_batch(fraction, changes)
     load_before = _load()
     start = time.perf_counter()
-    report = pipeline.run()
+    report = pipeline.run(plan=plan)
     with_ingest = time.perf_counter() - start
     # Ingest (landing JSON → bronze) is work both jobs need: the full refresh reads bronze.
     ingest = report.seconds.get("ingest", 0.0)
@@ -175,6 +177,7 @@ def bench_scale(
     progress: Any,
     rf3a_customers: int = 100,
     on_batch: Any = None,
+    plan: str = "auto",
 ) -> dict[str, Any]:
     """The initial load and every batch fraction at one scale factor, on a fresh lake.
 
@@ -205,7 +208,7 @@ def bench_scale(
         progress(f"sf {scale:g}: optimize {optimize['seconds']}s")
 
     def one(label: str, fraction: float, customers: int | None = None) -> dict[str, Any]:
-        row = run_batch(wl, pipeline, fraction, changes, work, customers)
+        row = run_batch(wl, pipeline, fraction, changes, work, customers, plan)
         row.update(batch_fraction=fraction, scale=scale, label=label)
         progress(
             f"sf {scale:g} {label} batch {row['batch']}: ingest {row['ingest_s']}s "
@@ -276,6 +279,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--optimize", action="store_true", help="run `optimize` after the initial load")
     parser.add_argument(
+        "--plan",
+        choices=["auto", "incremental", "recompute"],
+        default="auto",
+        help="plan of every run after the initial one (auto: the cost rule decides)",
+    )
+    parser.add_argument(
         "--rf3a-customers",
         type=int,
         default=100,
@@ -336,6 +345,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 progress,
                 args.rf3a_customers,
                 on_batch=write,
+                plan=args.plan,
             )
         )
     out = write()

@@ -23,6 +23,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--no-ingest", action="store_true", help="skip ingest (bronze is filled by another tool)"
     )
+    run.add_argument(
+        "--plan",
+        choices=["auto", "incremental", "recompute"],
+        default="auto",
+        help="auto: the cost rule picks; or force an incremental run or a recompute of the join",
+    )
     full = sub.add_parser("full-refresh", help="rebuild state, subscriptions and silver from bronze")
     full.add_argument("config")
     verify = sub.add_parser("verify", help="compare silver with a full recompute; exit 1 on any difference")
@@ -67,7 +73,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     spark = get_spark(f"cdc_join:{config.name}")
     pipeline = Pipeline(config, spark, get_storage(spark, args.storage), progress=print)
     if args.command == "run":
-        print(pipeline.run(ingest=not args.no_ingest).summary())
+        print(pipeline.run(ingest=not args.no_ingest, plan=args.plan).summary())
         return 0
     if args.command == "full-refresh":
         print(pipeline.full_refresh().summary())

@@ -96,10 +96,17 @@ class Pipeline:
         self.progress = progress
 
     # -- runs ------------------------------------------------------------------------------
-    def run(self, *, ingest: bool = True, crash_after: str | None = None) -> RunReport:
-        """Ingest new landing files, then one incremental join run."""
+    def run(self, *, ingest: bool = True, crash_after: str | None = None, plan: str = "auto") -> RunReport:
+        """Ingest new landing files, then one incremental join run.
+
+        ``plan`` is ``auto`` (the cost rule of :mod:`cdc_join.cost` decides), ``incremental`` or
+        ``recompute`` (the rule is overridden; the report says so). Both plans give the same
+        silver; they differ in cost only.
+        """
+        if plan not in ("auto", "incremental", "recompute"):
+            raise ValueError(f"plan must be 'auto', 'incremental' or 'recompute', not {plan!r}")
         with run_lock(self.config):
-            return self._run("incremental", ingest, crash_after)
+            return self._run("incremental", ingest, crash_after, plan)
 
     def full_refresh(self, *, ingest: bool = True, crash_after: str | None = None) -> RunReport:
         """Rebuild state, subscriptions and silver from bronze."""
@@ -150,7 +157,7 @@ class Pipeline:
             return dataclasses.replace(report, repaired=True)
         return report
 
-    def _run(self, kind: str, ingest: bool, crash_after: str | None) -> RunReport:
+    def _run(self, kind: str, ingest: bool, crash_after: str | None, plan: str = "auto") -> RunReport:
         started = datetime.now(timezone.utc)
         previous = last_checkpoint(self.storage, self.config)
         report = RunReport(
@@ -172,7 +179,7 @@ class Pipeline:
             pinned = Versions(
                 {s: self.storage.version(self.config.state_path(s)) for s in self.config.sources}
             )
-            self._join(previous, pinned, report)
+            self._join(previous, pinned, report, plan)
             state_versions = pinned.state
         checkpoint = Checkpoint(report.run_id, bronze_versions, state_versions, watermarks)
         commit_run(self.storage, self.config, checkpoint, kind, started, report.to_dict())
@@ -212,7 +219,7 @@ class Pipeline:
         return bronze_versions, watermarks
 
     # -- the join ----------------------------------------------------------------------------
-    def _join(self, previous: Checkpoint, pinned: Versions, report: RunReport) -> None:
+    def _join(self, previous: Checkpoint, pinned: Versions, report: RunReport, plan: str = "auto") -> None:
         cfg, store = self.config, self.storage
         first_run = cfg.left not in previous.state_versions
         with report.step("plan") as counts:
@@ -248,6 +255,9 @@ class Pipeline:
                     if j.alias in right_keys
                 },
             )
+            if plan != "auto" and not first_run and decision.recompute != (plan == "recompute"):
+                reason = f"forced by plan={plan} (the rule said: {decision.reason})"
+                decision = dataclasses.replace(decision, recompute=plan == "recompute", reason=reason)
             counts.update(decision.as_report())
         if decision.recompute:
             self._recompute(pinned, report)

@@ -1,6 +1,6 @@
 """Entry point of the bundle's pipeline tasks (Databricks ``spark_python_task``); runs locally too.
 
-    python jobs/pipeline_task.py [--lake URI] [--storage B] run CONFIG [--no-ingest]
+    python jobs/pipeline_task.py [--lake URI] [--storage B] run CONFIG [--no-ingest] [--plan P]
     python jobs/pipeline_task.py [--lake URI] [--storage B] check CONFIG [--run-id N]
     python jobs/pipeline_task.py [--lake URI] [--storage B] full-refresh CONFIG
     python jobs/pipeline_task.py [--lake URI] [--storage B] verify CONFIG [--repair]
@@ -40,6 +40,12 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="ingest new landing files, then one incremental join run")
     run.add_argument("config", help="pipeline YAML")
     run.add_argument("--no-ingest", action="store_true", help="bronze is filled by another tool")
+    run.add_argument(
+        "--plan",
+        choices=["auto", "incremental", "recompute"],
+        default="auto",
+        help="auto: the cost rule picks; or force an incremental run or a recompute of the join",
+    )
     quality = sub.add_parser("check", help="quality checks on the rows a run touched")
     quality.add_argument("config")
     quality.add_argument("--run-id", type=int, default=None, help="default: the newest run")
@@ -77,7 +83,7 @@ def open_pipeline(args: argparse.Namespace) -> Pipeline:
 
 
 def _run(pipeline: Pipeline, args: argparse.Namespace) -> int:
-    print(pipeline.run(ingest=not args.no_ingest).summary())
+    print(pipeline.run(ingest=not args.no_ingest, plan=args.plan).summary())
     return 0
 
 

@@ -177,3 +177,27 @@ def test_late_duplicated_and_redelivered_events_change_nothing(tmp_path, spark, 
         w.write(table, [event])
         pipeline.run()
         assert silver_rows(pipeline) == {("k", 1, 2, "new")}, table
+
+
+def test_forced_plans_give_the_same_silver_and_say_why(tmp_path, spark, storage):
+    pipeline, w = make_pipeline(tmp_path, spark, storage, join_type="left")
+    w.write("rhs", [w.upsert("rhs", {"id": i, "value": f"r{i}"}, i) for i in (1, 2)])
+    w.write("lhs", [w.upsert("lhs", {"id": k, "fk": 1, "v": 0}, 10 + n) for n, k in enumerate("abc")])
+    pipeline.run()
+    seen = {}
+    lsn = 100
+    for plan in ("recompute", "incremental", "recompute"):
+        lsn += 2
+        w.write("lhs", [w.upsert("lhs", {"id": "a", "fk": lsn % 3, "v": lsn}, lsn)])
+        w.write("rhs", [w.upsert("rhs", {"id": 1, "value": f"r1@{lsn}"}, lsn + 1)])
+        report = pipeline.run(plan=plan)
+        decision = report.steps["plan"]
+        assert decision["decision"] == plan
+        seen[plan] = decision["reason"]
+        assert pipeline.verify().ok, plan
+        assert (report.steps["resolve"]["affected_keys"] == "all") == (plan == "recompute")
+    # Left alone, the rule keeps runs over a tiny left table incremental.
+    assert seen["recompute"].startswith("forced by plan=recompute")
+    assert not seen["incremental"].startswith("forced")
+    with pytest.raises(ValueError, match="plan"):
+        pipeline.run(plan="fastest")

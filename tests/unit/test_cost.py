@@ -1,0 +1,46 @@
+"""The cost rule that picks an incremental run or a recompute (no Spark needed)."""
+
+from __future__ import annotations
+
+from cdc_join.cost import RECOMPUTE_MIN_ROWS, RECOMPUTE_SHARE, choose_plan
+
+
+def _plan(**kw):
+    args = dict(
+        first_run=False,
+        left_rows=1_000_000,
+        changed_left_keys=1_000,
+        changed_right_keys={"c": 10},
+        subscription_rows={"c": 1_000_000},
+        right_rows={"c": 100_000},
+    )
+    args.update(kw)
+    return choose_plan(**args)
+
+
+def test_estimate_adds_changed_left_keys_and_right_fanout_from_table_sizes():
+    decision = _plan()
+    assert decision.fanout == {"c": 10.0}
+    assert decision.estimated_affected_rows == 1_000 + 10 * 10
+    assert not decision.recompute
+    assert decision.as_report()["threshold_rows"] == round(RECOMPUTE_SHARE * 1_000_000)
+
+
+def test_recompute_from_the_threshold_on():
+    at = round(RECOMPUTE_SHARE * 1_000_000)
+    assert _plan(changed_left_keys=at, changed_right_keys={"c": 0}).recompute
+    assert not _plan(changed_left_keys=at - 1, changed_right_keys={"c": 0}).recompute
+    # A right-side change with a large fan-out counts as the left rows it touches.
+    assert _plan(changed_left_keys=0, changed_right_keys={"c": at // 10}).recompute
+
+
+def test_first_run_recomputes_and_small_tables_stay_incremental():
+    assert _plan(first_run=True, changed_left_keys=None).recompute
+    small = _plan(left_rows=RECOMPUTE_MIN_ROWS - 1, changed_left_keys=RECOMPUTE_MIN_ROWS - 1)
+    assert not small.recompute and "fewer than" in small.reason
+
+
+def test_a_given_share_is_the_one_reported():
+    decision = _plan(share=0.5, changed_left_keys=400_000, changed_right_keys={"c": 0})
+    assert not decision.recompute
+    assert decision.as_report()["threshold_rows"] == 500_000
