@@ -304,8 +304,17 @@ class Pipeline:
                 counts["skipped"] = "recompute: right rows are joined on the current fk"
         with report.step("resolve") as counts:
             left_rows = resolve.left_struct(cfg, left_state)
-            right_by_alias = {join.alias: self._all_right_for(join, left_rows, pinned) for join in cfg.joins}
-            rows = resolve.build_rows(cfg, left_rows, right_by_alias, report.run_id)
+            right_rows = {
+                join.alias: lookup.all_right_rows(
+                    store,
+                    cfg.state_path(join.right),
+                    cfg.sources[join.right],
+                    subscription.fk_columns(join),
+                    pinned.state[join.right],
+                )
+                for join in cfg.joins
+            }
+            rows = resolve.build_rows_by_fk(cfg, left_rows, right_rows, report.run_id)
             counts["affected_keys"] = "all"
         with report.step("silver") as counts:
             # Only the rows that differ from silver go into the MERGE (one Spark join on the key).
@@ -316,18 +325,6 @@ class Pipeline:
                 counts.update(inserted=0, updated=0, deleted=0, rows_written=0)
         with report.step("cleanup") as counts:
             counts["stale_subscriptions_removed"] = "none left: subscriptions were rebuilt"
-
-    def _all_right_for(self, join, left_rows: DataFrame, pinned: Versions) -> DataFrame:  # type: ignore[no-untyped-def]
-        """Right rows for every live left row, joined on its current fk (recompute)."""
-        cfg = self.config
-        pks, fks = subscription.pk_columns(cfg.left_source), subscription.fk_columns(join)
-        need_fk = left_rows.filter(~F.col(state.DELETED)).select(
-            *pks, *[F.col(f"{cfg.left}.`{c}`").alias(f) for c, f in zip(join.foreign_key, fks, strict=True)]
-        )
-        found = lookup.all_right_rows(
-            self.storage, cfg.state_path(join.right), cfg.sources[join.right], fks, pinned.state[join.right]
-        )
-        return need_fk.join(found, fks, "inner").select(*pks, RIGHT, RIGHT_SEQ)
 
     def _merge_silver(self, rows: DataFrame, counts: dict) -> None:
         merged = merge_into_silver(self.storage, self.config, rows)
