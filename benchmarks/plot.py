@@ -17,6 +17,14 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+#: Lines per change count: result key, matplotlib style, opacity, legend text.
+SERIES = (
+    ("full_refresh_s", "s-", 1.0, "full refresh"),
+    ("incremental_s", "o-", 0.8, "incremental join"),
+    ("incremental_with_ingest_s", "o:", 0.6, "incremental incl. ingest"),
+    ("duckdb_full_s", "^--", 0.5, "DuckDB full join"),
+)
+
 
 def shared_change_counts(results: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
     """Result rows per change count measured at two or more scales, smallest table first."""
@@ -57,31 +65,15 @@ def plot(results_paths: list[Path], out: Path) -> Path:
     for index, (color, (n, rows)) in enumerate(zip(colors, series.items(), strict=False)):
         sizes = [r["left_rows"] for r in rows]
         label = f"{n:,} changed rows"
-        ax.plot(sizes, [r["full_refresh_s"] for r in rows], "s-", color=color, label=f"full refresh, {label}")
-        ax.plot(
-            sizes,
-            [r["incremental_s"] for r in rows],
-            "o-",
-            color=color,
-            alpha=0.8,
-            label=f"incremental join, {label}",
-        )
-        ax.plot(
-            sizes,
-            [r["incremental_with_ingest_s"] for r in rows],
-            "o:",
-            color=color,
-            alpha=0.6,
-            label=f"incremental incl. ingest, {label}",
-        )
-        ax.plot(
-            sizes,
-            [r["duckdb_full_s"] for r in rows],
-            "^--",
-            color=color,
-            alpha=0.5,
-            label=f"DuckDB full join, {label}",
-        )
+        for key, style, alpha, what in SERIES:
+            ax.plot(
+                sizes,
+                [r[key] for r in rows],
+                style,
+                color=color,
+                alpha=alpha,
+                label=f"{what}, {label}",
+            )
         for r in rows:
             ax.annotate(
                 "/".join(r["plans"]),

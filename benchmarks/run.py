@@ -29,6 +29,7 @@ from typing import Any
 
 from benchmarks.baseline import compare, duckdb_full_join, spark_full_refresh
 from benchmarks.workload import Workload
+from cdc_join.cost import PLANS
 
 
 def machine() -> dict[str, Any]:
@@ -280,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--optimize", action="store_true", help="run `optimize` after the initial load")
     parser.add_argument(
         "--plan",
-        choices=["auto", "incremental", "recompute"],
+        choices=PLANS,
         default="auto",
         help="plan of every run after the initial one (auto: the cost rule decides)",
     )

@@ -6,6 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from cdc_join.cost import PLANS
 from cdc_join.errors import CdcJoinError
 
 
@@ -25,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--plan",
-        choices=["auto", "incremental", "recompute"],
+        choices=PLANS,
         default="auto",
         help="auto: the cost rule picks; or force an incremental run or a recompute of the join",
     )

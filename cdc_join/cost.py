@@ -29,6 +29,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+#: What a run may be told to do: let the rule decide, or force either plan.
+PLANS = ("auto", "incremental", "recompute")
 #: Recompute when the estimated affected left rows reach this share of the left state's rows.
 #: Measured (benchmarks/README.md, TPC-H SF 1 on 2 cores, two runs): at 4% of the left rows
 #: affected (60,000 of 1.5 M orders) a recompute cost 26.6 s / 27.6 s against 26.9 s / 32.3 s

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from cdc_join import cost, lookup, resolve, state, subscription
 from cdc_join.changeset import ChangeSet, collect, distinct_rows, from_arrow, materialize
@@ -103,8 +104,8 @@ class Pipeline:
         ``recompute`` (the rule is overridden; the report says so). Both plans give the same
         silver; they differ in cost only.
         """
-        if plan not in ("auto", "incremental", "recompute"):
-            raise ValueError(f"plan must be 'auto', 'incremental' or 'recompute', not {plan!r}")
+        if plan not in cost.PLANS:
+            raise ValueError(f"plan must be one of {', '.join(cost.PLANS)}, not {plan!r}")
         with run_lock(self.config):
             return self._run("incremental", ingest, crash_after, plan)
 
@@ -289,14 +290,8 @@ class Pipeline:
         left_state = store.read(left_path, pinned.state[cfg.left])
         left_schema = store.schema(left_path)
         for join in cfg.joins:
-            sub_path = cfg.subscription_path(join)
+            sub_path = self._create_subscription_table(join, left_schema)
             with report.step(f"subscription:{join.alias}") as counts:
-                store.create(
-                    sub_path,
-                    subscription.subscription_schema(left, join, left_schema),
-                    cdf=False,
-                    properties=table_properties("subscription"),
-                )
                 counts["rebuilt"] = subscription.rebuild(
                     store, sub_path, left_state, left, join, report.run_id
                 )
@@ -325,6 +320,17 @@ class Pipeline:
                 counts.update(inserted=0, updated=0, deleted=0, rows_written=0)
         with report.step("cleanup") as counts:
             counts["stale_subscriptions_removed"] = "none left: subscriptions were rebuilt"
+
+    def _create_subscription_table(self, join, left_schema: StructType) -> str:  # type: ignore[no-untyped-def]
+        """Create the join's subscription table if absent; return its path."""
+        path = self.config.subscription_path(join)
+        self.storage.create(
+            path,
+            subscription.subscription_schema(self.config.left_source, join, left_schema),
+            cdf=False,
+            properties=table_properties("subscription"),
+        )
+        return path
 
     def _merge_silver(self, rows: DataFrame, counts: dict) -> None:
         merged = merge_into_silver(self.storage, self.config, rows)
@@ -357,15 +363,9 @@ class Pipeline:
         for join in cfg.joins:
             right = cfg.sources[join.right]
             right_path, right_v = cfg.state_path(join.right), pinned.state[join.right]
-            sub_path = cfg.subscription_path(join)
+            sub_path = self._create_subscription_table(join, left_schema)
             first_fk = subscription.fk_columns(join)[0]
             with report.step(f"subscription:{join.alias}") as counts:
-                store.create(
-                    sub_path,
-                    subscription.subscription_schema(left, join, left_schema),
-                    cdf=False,
-                    properties=table_properties("subscription"),
-                )
                 messages = materialize(subscription.instructions(changes.frame, left, join))
                 counts["instructions"] = messages.value_counts(subscription.INSTRUCTION)
                 applied = (

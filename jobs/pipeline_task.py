@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from pyspark.sql import SparkSession
 
 from cdc_join.config import load_config
+from cdc_join.cost import PLANS
 from cdc_join.errors import CdcJoinError
 from cdc_join.pipeline import Pipeline
 from cdc_join.quality import check
@@ -42,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-ingest", action="store_true", help="bronze is filled by another tool")
     run.add_argument(
         "--plan",
-        choices=["auto", "incremental", "recompute"],
+        choices=PLANS,
         default="auto",
         help="auto: the cost rule picks; or force an incremental run or a recompute of the join",
     )
