@@ -34,8 +34,6 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
-    ArrayType,
-    DataType,
     LongType,
     StringType,
     StructField,
@@ -239,23 +237,11 @@ def _write_bronze(
                 "(only truncates, or images holding only nulls)"
             )
         storage.create(path, rows.schema, cdf=True)
-    elif _field_paths(rows.schema) - _field_paths(storage.schema(path)):
-        # New columns inside _before/_after: a MERGE with schema evolution adds new top-level
-        # columns on every backend but not always nested fields; a zero-row append does.
-        storage.append(path, rows.limit(0), merge_schema=True)
+    else:
+        # New columns (nested ones too) are added and widened types widen before the write: a
+        # MERGE would otherwise cast values back to the old type or fail on them.
+        storage.evolve(path, rows.schema)
     storage.merge(path, rows, _BRONZE_MERGE)
-
-
-def _field_paths(dtype: DataType, prefix: str = "") -> set[str]:
-    """Dotted paths of every field, nested fields included (array elements as ``[]``)."""
-    if isinstance(dtype, ArrayType):
-        return _field_paths(dtype.elementType, prefix + "[]")
-    if not isinstance(dtype, StructType):
-        return set()
-    paths = set()
-    for f in dtype.fields:
-        paths |= {prefix + f.name} | _field_paths(f.dataType, prefix + f.name + ".")
-    return paths
 
 
 def _append_log(

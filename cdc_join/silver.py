@@ -50,7 +50,8 @@ def merge_into_silver(storage: Storage, config: PipelineConfig, rows: DataFrame)
         Row and file counts of the MERGE.
     """
     path = config.silver_path
-    storage.create(path, rows.drop(ACTION).schema, cdf=True, properties=table_properties("silver"))
+    if not storage.create(path, rows.drop(ACTION).schema, cdf=True, properties=table_properties("silver")):
+        storage.evolve(path, rows.drop(ACTION).schema)
     keys = silver_key_columns(config)
     changed = " OR ".join(f"(t.`{c}` IS DISTINCT FROM s.`{c}`)" for c in output_columns(config))
     metrics = storage.merge(

@@ -139,7 +139,8 @@ def apply_changes(
     """
     rows_schema = events.schema["_after"].dataType
     assert isinstance(rows_schema, StructType)
-    storage.create(path, state_schema(rows_schema), cdf=True, properties=table_properties("state"))
+    if not storage.create(path, state_schema(rows_schema), cdf=True, properties=table_properties("state")):
+        storage.evolve(path, state_schema(rows_schema))
     watermark = truncate_watermark(events, previous_watermark)
     if watermark is not None:
         _apply_truncate(storage, path, source, watermark)

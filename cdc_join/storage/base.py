@@ -22,6 +22,10 @@ Rules every backend follows (the contract tests in ``tests/contract`` check them
   :class:`MergeSpec` in the order delete, update, insert, and returns its metrics.
   Conditions are SQL over ``s.`` and ``t.`` that both Spark SQL and DataFusion accept: plain
   comparisons, ``AND``/``OR``/``NOT``, ``IS NULL``, ``IS DISTINCT FROM``.
+- ``evolve`` grows a table's schema to hold ``schema`` by :mod:`cdc_join.schemas`' rules: new
+  columns (nested ones too) are added, widened types change in place where the backend can
+  (Delta type widening) and by rewriting the table once where it cannot. It returns whether
+  the schema changed.
 - Nothing here vacuums.
 """
 
@@ -138,6 +142,8 @@ class Storage(Protocol):
     def merge(self, path: str, source: DataFrame, spec: MergeSpec) -> WriteMetrics: ...
 
     def delete(self, path: str, predicate: str | None = None) -> WriteMetrics: ...
+
+    def evolve(self, path: str, schema: StructType) -> bool: ...
 
     def optimize(
         self, path: str, zorder_by: Sequence[str] | None = None, target_size: int | None = None

@@ -78,6 +78,7 @@ from pyspark.sql.types import (
 
 from cdc_join.changeset import arrow_of
 from cdc_join.errors import StorageError
+from cdc_join.schemas import changed_types, conform, merge_schemas
 from cdc_join.storage.base import FileStats, MergeSpec, WriteMetrics, is_table_name
 
 CHANGE_TYPE = "_change_type"
@@ -703,6 +704,36 @@ class DeltaRsStorage:
             rows_deleted=_to_int(raw.get("num_deleted_rows")),
             count_removed_rows=predicate is None,
         )
+
+    def evolve(self, path: str, schema: StructType) -> bool:
+        """Add ``schema``'s new columns; widen types by rewriting the table (delta-rs has no
+        type widening). The rewrite is one overwrite commit: readers see the old or the new
+        table, never a mix."""
+        dt = self._load(path)
+        current = self._spark_schema(dt)
+        target = merge_schemas(current, schema)
+        if target == current:
+            return False
+        arrow_target = pa.schema(spark_schema_to_delta(target).to_arrow())
+        with _delta_errors("change the schema of", path):
+            if changed_types(current, target):
+                rows = self._source_arrow(conform(self.read(path), target), arrow_target)
+                write_deltalake(
+                    dt,
+                    rows.cast(arrow_target),
+                    mode="overwrite",
+                    schema_mode="overwrite",
+                    storage_options=self.storage_options,
+                )
+            else:
+                write_deltalake(
+                    dt,
+                    arrow_target.empty_table(),
+                    mode="append",
+                    schema_mode="merge",
+                    storage_options=self.storage_options,
+                )
+        return True
 
     def optimize(
         self, path: str, zorder_by: Sequence[str] | None = None, target_size: int | None = None

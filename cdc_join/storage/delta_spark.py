@@ -67,6 +67,7 @@ from pyspark.sql.types import (
 )
 
 from cdc_join.errors import StorageError
+from cdc_join.schemas import changed_types, conform, merge_schemas
 from cdc_join.storage.base import FileStats, MergeSpec, WriteMetrics, is_table_name, quote_table_name
 from cdc_join.storage.delta_rs import normalize_history_entry, stat_upper_bound
 
@@ -589,6 +590,34 @@ class DeltaSparkStorage:
         if metrics.rows_deleted is None and everything is not None:
             metrics = replace(metrics, rows_deleted=everything)
         return metrics
+
+    def evolve(self, path: str, schema: StructType) -> bool:
+        """Add ``schema``'s new columns; widen types with ``ALTER COLUMN … TYPE`` where the table
+        has ``delta.enableTypeWidening``, else by rewriting it once with ``overwriteSchema``."""
+        current = self.schema(path)
+        target = merge_schemas(current, schema)
+        if target == current:
+            return False
+        changed = changed_types(current, target)
+        ref = self._sql_ref(path)
+        with _spark_errors("change the schema of", path):
+            widening = self._table_property(path, "delta.enableTypeWidening") == "true"
+            if changed and not widening:
+                rows = conform(self._snapshot(path), target)
+                writer = rows.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+                self._save(writer, path)
+                return True
+            for parts, dtype in changed:
+                column = ".".join(_quote(p) for p in parts)
+                self.spark.sql(f"ALTER TABLE {ref} ALTER COLUMN {column} TYPE {dtype.simpleString()}")
+            if self.schema(path) != target:  # new columns: an empty append with schema merging
+                empty = self.spark.createDataFrame([], target)
+                self._save(empty.write.format("delta").mode("append").option("mergeSchema", "true"), path)
+        return True
+
+    def _table_property(self, path: str, name: str) -> str | None:
+        rows = self.spark.sql(f"SHOW TBLPROPERTIES {self._sql_ref(path)}").collect()
+        return next((str(r["value"]) for r in rows if r["key"] == name), None)
 
     def optimize(
         self, path: str, zorder_by: Sequence[str] | None = None, target_size: int | None = None

@@ -19,6 +19,7 @@ from pyspark.sql.types import (
     DateType,
     DecimalType,
     DoubleType,
+    IntegerType,
     LongType,
     MapType,
     StringType,
@@ -301,6 +302,53 @@ def test_append_merge_schema(store, spark, tmp_path):
         {"id": 1, "seq": 1, "v": "a", "flag": None},
         {"id": 2, "seq": 1, "v": "b", "flag": True},
     ]
+
+
+def test_evolve_adds_columns_and_widens_types_keeping_rows(store, spark, tmp_path):
+    path = str(tmp_path / "t")
+    nested = StructType(
+        [
+            StructField("id", LongType(), False),
+            StructField("n", IntegerType(), True),
+            StructField("s", StructType([StructField("x", IntegerType()), StructField("d", DateType())])),
+        ]
+    )
+    assert store.create(path, nested)
+    store.append(path, spark.createDataFrame([(1, 7, (2, date(2024, 1, 2)))], nested))
+    assert store.evolve(path, nested) is False  # nothing new: no commit
+    version = store.version(path)
+
+    wider = StructType(
+        [
+            StructField("id", LongType(), True),
+            StructField("n", LongType(), True),
+            StructField(
+                "s",
+                StructType(
+                    [
+                        StructField("x", LongType()),
+                        StructField("d", TimestampNTZType()),
+                        StructField("y", StringType()),
+                    ]
+                ),
+            ),
+            StructField("w", DoubleType(), True),
+        ]
+    )
+    assert store.evolve(path, wider) is True
+    schema = store.schema(path)
+    assert [f.dataType for f in schema.fields[1:]] == [f.dataType for f in wider.fields[1:]]
+    assert schema["id"].nullable is False  # known columns keep NOT NULL
+    assert rows(store.read(path)) == [
+        {"id": 1, "n": 7, "s": {"x": 2, "d": datetime(2024, 1, 2), "y": None}, "w": None}
+    ]
+    store.append(path, spark.createDataFrame([(2, 3_000_000_000, (5_000_000_000, None, "y"), 1.5)], wider))
+    assert sorted(r["n"] for r in rows(store.read(path))) == [7, 3_000_000_000]
+    assert store.read(path, version=version).count() == 1
+
+    # A change that is no widening (bigint -> string) leaves the column as it is.
+    assert store.evolve(path, StructType([StructField("n", StringType())])) is False
+    assert store.schema(path)["n"].dataType == LongType()
 
 
 def test_merge_without_any_clause_is_rejected(store, spark, tmp_path):

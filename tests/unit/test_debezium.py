@@ -610,3 +610,135 @@ def test_configured_sequence_numbers_arrays_and_rejected_values(spark):
     texts = [event("c", {"id": 1}, source={"sequence": json.dumps(a)}) for a in arrays]
     outcome = parse(text_lines(spark, texts), source("id", sequence_by=("source.sequence",)))
     assert order_of(outcome) == [4, 3, 1, 2]
+
+
+# -- JSON nulls and type changes --------------------------------------------------------------
+
+NULLABLE_CONNECT_FIELDS = [
+    {"field": "note", "type": "string"},
+    {"field": "qty", "type": "int32"},
+    {"field": "big", "type": "int64"},
+    {"field": "price", "type": "double"},
+    {"field": "flag", "type": "boolean"},
+    {"field": "amount", **{k: v for k, v in decimal_field("amount", 2, 10).items() if k != "field"}},
+    {"field": "day", "type": "int32", "name": "io.debezium.time.Date"},
+    {"field": "at", "type": "int64", "name": "io.debezium.time.MicroTimestamp"},
+    {"field": "tags", "type": "array", "items": {"type": "string"}},
+    {"field": "addr", "type": "struct", "fields": [{"field": "city", "type": "string"}]},
+]
+VALUES = {
+    "note": "x",
+    "qty": 1,
+    "big": 2,
+    "price": 1.5,
+    "flag": True,
+    "amount": b64(1234),
+    "day": 1,
+    "at": 1,
+    "tags": ["a"],
+    "addr": {"city": "Oslo"},
+}
+
+
+def test_a_json_null_decodes_to_null_in_every_type_and_both_envelopes(spark):
+    """A JSON ``null`` is SQL NULL, never the text "null", top-level and nested, with or without
+    a Connect schema; a missing field is NULL too."""
+    names = [f["field"] for f in NULLABLE_CONNECT_FIELDS]
+    connect = [
+        connect_line(NULLABLE_CONNECT_FIELDS, {"id": 1, **VALUES}, lsn=1),
+        connect_line(NULLABLE_CONNECT_FIELDS, {"id": 2, **dict.fromkeys(names)}, lsn=2),
+        connect_line(NULLABLE_CONNECT_FIELDS, {"id": 3, "tags": [None, "b"], "addr": {"city": None}}, lsn=3),
+    ]
+    plain = {"note": "x", "qty": 1, "price": 1.5, "flag": True, "tags": ["a"], "addr": {"city": "Oslo"}}
+    schemaless = [
+        event("c", {"id": 11, **plain}, source={"connector": "postgresql", "lsn": 11}),
+        event("c", {"id": 12, **dict.fromkeys(plain)}, source={"connector": "postgresql", "lsn": 12}),
+        event(
+            "c",
+            {"id": 13, "tags": [None, "b"], "addr": {"city": None}},
+            source={"connector": "postgresql", "lsn": 13},
+        ),
+    ]
+    for lines in (text_lines(spark, connect), text_lines(spark, schemaless)):
+        outcome = parse(lines, source("id"))
+        assert outcome.quarantine == {}
+        rows = {r._after.id: r._after.asDict(recursive=True) for r in outcome.events.values()}
+        first, nulls, nested = (rows[k] for k in sorted(rows))
+        assert first["note"] == "x"
+        assert {k: v for k, v in nulls.items() if k != "id"} == dict.fromkeys([n for n in first if n != "id"])
+        assert nested["tags"] == [None, "b"] and nested["addr"] == {"city": None}
+        assert nested["note"] is None
+
+
+def widening_line(field_type: dict[str, Any], value: Any, lsn: int) -> str:
+    return connect_line([{"field": "v", **field_type}], {"id": lsn, "v": value}, lsn=lsn)
+
+
+@pytest.mark.parametrize(
+    ("narrow", "narrow_value", "wide", "wide_value", "wide_type", "decoded"),
+    [
+        ({"type": "int32"}, 1, {"type": "int64"}, 3_000_000_000, "bigint", 3_000_000_000),
+        ({"type": "int16"}, 1, {"type": "int32"}, 70_000, "int", 70_000),
+        ({"type": "float"}, 1.5, {"type": "double"}, 0.1, "double", 0.1),
+        ({"type": "int32"}, 1, {"type": "double"}, 2.5, "double", 2.5),
+        (
+            {k: v for k, v in decimal_field("v", 2, 10).items() if k != "field"},
+            b64(1),
+            {k: v for k, v in decimal_field("v", 2, 12).items() if k != "field"},
+            b64(10**11),
+            "decimal(12,2)",
+            Decimal("1000000000.00"),
+        ),
+        (
+            {"type": "int32", "name": "io.debezium.time.Date"},
+            1,
+            {"type": "int64", "name": "io.debezium.time.Timestamp"},
+            86_400_000 + 1,
+            "timestamp_ntz",
+            datetime(1970, 1, 2, 0, 0, 0, 1000),
+        ),
+    ],
+)
+def test_a_column_widens_when_its_schema_type_widens(
+    spark, narrow, narrow_value, wide, wide_value, wide_type, decoded
+):
+    first = parse(text_lines(spark, [widening_line(narrow, narrow_value, 1)]), source("id"))
+    known = first.batch.row_schema
+    second = parse(
+        text_lines(spark, [widening_line(wide, wide_value, 2)], "second.jsonl"), source("id"), known
+    )
+    assert second.quarantine == {}
+    assert second.batch.row_schema["v"].dataType.simpleString() == wide_type
+    assert second.only_event()._after.v == decoded
+    # The old type's events still decode into the widened type.
+    mixed = parse(
+        text_lines(spark, [widening_line(narrow, narrow_value, 3), widening_line(wide, wide_value, 4)]),
+        source("id"),
+        known,
+    )
+    assert mixed.quarantine == {} and len(mixed.events) == 2
+
+
+@pytest.mark.parametrize(
+    ("narrow", "wide", "value", "reason"),
+    [
+        (
+            {"type": "int32"},
+            {"type": "string"},
+            "x",
+            'column v: type changed from int to string, which does not widen; value "x"',
+        ),
+        (
+            {"type": "int64"},
+            {"type": "double"},
+            2.5,
+            "column v: type changed from bigint to double, which does not widen; value 2.5",
+        ),
+    ],
+)
+def test_a_type_change_that_cannot_widen_is_quarantined_not_cast(spark, narrow, wide, value, reason):
+    known = parse(text_lines(spark, [widening_line(narrow, 1, 1)]), source("id")).batch.row_schema
+    outcome = parse(text_lines(spark, [widening_line(wide, value, 2)], "second.jsonl"), source("id"), known)
+    assert outcome.events == {}
+    assert outcome.quarantine == {("second.jsonl", 1): reason}
+    assert outcome.batch.row_schema["v"].dataType == known["v"].dataType

@@ -1,0 +1,166 @@
+"""Which event of a key is newest: the sequence rule per connector, encoded as one sortable string.
+
+``_seq`` is the rule's components joined by ``\\u0001`` (elements of a JSON-array component by
+``\\u0002``); both sort below every printable character, so a shorter prefix sorts first, as in a
+tuple comparison. Integers and all-digit strings are zero-padded to 20 digits (every unsigned
+64-bit LSN or offset fits), so numbers compare as numbers; other strings compare as text.
+
+Rules (``sequence_by`` in the config wins over all of them):
+
+- PostgreSQL: ``(source.sequence[0], source.sequence[1] or source.lsn)``; per-event LSNs are
+  not monotonic across interleaved transactions, the ``[last_commit_lsn, lsn]`` pair is;
+- MySQL: ``(source.file, source.pos, source.row)``;
+- SQL Server: ``(source.commit_lsn, source.change_lsn, source.event_serial_no)``;
+- anything else: ``(source.ts_ms, ts_ms)``.
+
+Events with equal ``_seq`` are ordered by landing file name, then line (see
+:mod:`cdc_join.state`); an event without any sequence field is quarantined.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from pyspark.sql import DataFrame
+
+from cdc_join.config import SourceConfig
+from cdc_join.debezium.sql import Names, absent, as_type, get, json_text, kind, lit, present, steps
+from cdc_join.errors import InputError
+
+SEQ_SEPARATOR = "\u0001"
+SEQ_ARRAY_SEPARATOR = "\u0002"
+SEQ_DIGITS = 20  # 2^64 has 20 digits: every unsigned 64-bit LSN or offset fits
+
+
+@dataclass(frozen=True)
+class SequenceRule:
+    """Which payload fields order the events of a source, compared as a tuple.
+
+    Attributes:
+        name: ``configured``, or the connector whose default applies (``timestamp`` if none).
+        fields: the dotted payload paths read, in comparison order; also the names "tried".
+    """
+
+    name: str
+    fields: tuple[str, ...]
+
+
+DEFAULT_FIELDS = {
+    "postgresql": ("source.sequence", "source.lsn"),
+    "mysql": ("source.file", "source.pos", "source.row"),
+    "sqlserver": ("source.commit_lsn", "source.change_lsn", "source.event_serial_no"),
+    "": ("source.ts_ms", "ts_ms"),
+}
+
+
+def sequence_rule(source: SourceConfig, detected: Iterable[str] = ()) -> SequenceRule:
+    """Decide, once per source and batch, which fields order its events.
+
+    ``sequence_by`` from the config wins. Otherwise the connector (``SourceConfig.connector``,
+    else the one the events name in ``source.connector`` or in their ``source`` schema) picks:
+
+    - postgresql: ``(source.sequence[0], source.sequence[1] or source.lsn)``, the
+      ``[last_commit_lsn, lsn]`` pair element-wise. Events without ``source.sequence`` (older
+      connectors) compare as ``('', lsn)``, so one rule holds whatever the batch contains;
+    - mysql: ``(source.file, source.pos, source.row)``;
+    - sqlserver: ``(source.commit_lsn, source.change_lsn, source.event_serial_no)``;
+    - anything else: ``(source.ts_ms, ts_ms)``.
+
+    Args:
+        source: the source config.
+        detected: connector names seen in the batch.
+
+    Returns:
+        The rule.
+
+    Raises:
+        InputError: the batch names several connectors and the config names none.
+    """
+    if source.sequence_by:
+        return SequenceRule("configured", tuple(source.sequence_by))
+    names = set(detected)
+    if source.connector is None and len(names) > 1:
+        raise InputError(
+            f"source {source.name!r}: events from several connectors {sorted(names)}; "
+            "set 'connector' or 'sequence_by' for this source"
+        )
+    connector = source.connector or next(iter(names), "")
+    key = connector if connector in DEFAULT_FIELDS else ""
+    return SequenceRule(key or "timestamp", DEFAULT_FIELDS[key])
+
+
+def require_sequence(
+    source: SourceConfig, rule: SequenceRule, events: int, present: Mapping[str, int]
+) -> None:
+    """Fail the batch when it has events but none carries a field of the rule."""
+    if events and not any(present.get(f, 0) for f in rule.fields):
+        raise InputError(
+            f"source {source.name!r}: none of the {events} events of this batch has a "
+            f"sequence field; tried {', '.join(rule.fields)}. Set 'sequence_by' for this source."
+        )
+
+
+def _sequence_components(rule: SequenceRule) -> list[str]:
+    """The rule's components as variant expressions over the payload ``__p``, in order."""
+    if rule.name != "postgresql":
+        return [present(get("__p", steps(f))) for f in rule.fields]
+    text = "try_variant_get(__p, '$.source.sequence', 'string')"
+    pair = f"try_variant_get(try_parse_json({text}), '$', 'array<variant>')"
+    first = present(f"try_element_at({pair}, 1)")
+    second = present(f"try_element_at({pair}, 2)")
+    return [first, f"coalesce({second}, {present(get('__p', '.source.lsn'))})"]
+
+
+def with_sequence(decoded: DataFrame, rule: SequenceRule) -> DataFrame:
+    """Add ``_seq``, ``_seq_values`` and ``__seq_reason`` (NULL when the sequence is usable)."""
+    components = _sequence_components(rule)
+    with_components = decoded.selectExpr("*", *[f"{c} AS __c{i}" for i, c in enumerate(components)])
+    names = [f"__c{i}" for i in range(len(components))]
+    # Connector defaults hold scalars (postgres' pair is split above); a configured field may
+    # hold a JSON-array string, compared element-wise.
+    encode = _encode_component if rule.name == "configured" else _encode_scalar
+    encoded = with_components.selectExpr("*", *[f"{encode(n)} AS __e{i}" for i, n in enumerate(names)])
+    seq = "concat_ws(chr(1), " + ", ".join(f"coalesce(__e{i}, '')" for i in range(len(names))) + ")"
+    values = (
+        "to_json(named_struct(" + ", ".join(f"{lit(f)}, {get('__p', steps(f))}" for f in rule.fields) + "))"
+    )
+    problem = lit(f" is not a non-negative integer of at most {SEQ_DIGITS} digits, nor a string")
+    errors = ", ".join(
+        f"CASE WHEN {n} IS NOT NULL AND __e{i} IS NULL "
+        f"THEN concat('sequence value ', {json_text(n)}, {problem}) END"
+        for i, n in enumerate(names)
+    )
+    missing = lit(f"no sequence field: tried {', '.join(rule.fields)}")
+    reason = f"CASE WHEN coalesce({', '.join(names)}) IS NULL THEN {missing} ELSE coalesce({errors}) END"
+    return encoded.selectExpr("*", f"{seq} AS _seq", f"{values} AS _seq_values", f"{reason} AS __seq_reason")
+
+
+def _encode_component(v: str) -> str:
+    """A component → sortable text; a string holding a JSON array is encoded element-wise."""
+    text = f"try_variant_get({v}, '$', 'string')"
+    parsed = as_type(f"try_parse_json({text})", "array<variant>")
+    array = f"CASE WHEN {kind(v)} = 'STRING' AND startswith({text}, '[') THEN {parsed} END"
+    element = Names()("s")
+    encoded = f"transform({array}, {element} -> {_encode_scalar(present(element))})"
+    joined = f"array_join(transform({encoded}, x -> coalesce(x, '')), chr(2))"
+    complete = f"NOT exists(zip_with({array}, {encoded}, (r, x) -> NOT {absent('r')} AND x IS NULL), b -> b)"
+    return f"CASE WHEN {array} IS NULL THEN {_encode_scalar(v)} WHEN {complete} THEN {joined} END"
+
+
+def _encode_scalar(v: str) -> str:
+    """Integers and all-digit strings → 20 zero-padded digits; other strings as they are.
+
+    NULL (the error) for negative or fractional numbers and more than 20 digits.
+    """
+    text = f"try_variant_get({v}, '$', 'string')"
+    json_kind = kind(v)
+    digits = f"regexp_replace({text}, '^0+(?=.)', '')"
+    integral = f"({json_kind} = 'BIGINT' OR {json_kind} RLIKE '^DECIMAL\\\\(\\\\d+,0\\\\)$')"
+    numeric = f"({integral} OR ({json_kind} = 'STRING' AND {text} RLIKE '^[0-9]+$'))"
+    fits = f"({text} RLIKE '^[0-9]+$' AND length({digits}) <= {SEQ_DIGITS})"
+    return (
+        f"CASE WHEN {v} IS NULL THEN NULL "
+        f"WHEN {numeric} THEN CASE WHEN {fits} THEN lpad({digits}, {SEQ_DIGITS}, '0') END "
+        f"WHEN {json_kind} RLIKE '^(BIGINT|DECIMAL|DOUBLE|FLOAT)' THEN NULL ELSE {text} END"
+    )

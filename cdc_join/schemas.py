@@ -1,0 +1,198 @@
+"""How a table's schema may change, and how rows are made to fit a changed schema.
+
+Every table of a pipeline only ever *grows* its schema: a column is added (also nested inside a
+struct, an array of structs or a map of structs), or a column's type *widens* by Delta's
+type-widening rules (:func:`wider_type`):
+
+- byte → short → int → bigint; byte/short/int → double; float → double;
+- an integer or a decimal → a decimal with room for every digit of both
+  (``decimal(p, s)`` → ``decimal(p + k1, s + k2)`` with ``k1 >= k2 >= 0``);
+- date → timestamp_ntz.
+
+Nothing else changes a type: bigint → double would round large integers, anything → string
+would change what the column means. Such a change is refused where it is detected (the
+Debezium parser quarantines the values, a select change is reported as a config error).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    ArrayType,
+    ByteType,
+    DataType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    MapType,
+    ShortType,
+    StructField,
+    StructType,
+    TimestampNTZType,
+)
+
+MAX_PRECISION = 38
+_INTEGRAL_DIGITS = {ByteType: 3, ShortType: 5, IntegerType: 10, LongType: 20}
+_DOUBLE_EXACT = (ByteType, ShortType, IntegerType, FloatType)  # every value exact in a double
+
+
+def wider_type(known: DataType, new: DataType) -> DataType | None:
+    """The narrowest type ``known`` widens to that holds every value of ``new``.
+
+    ``known`` itself when ``new``'s values already fit in it; ``None`` when there is no such
+    type. Scalars only; nested types merge field by field (:func:`merge_schemas`).
+    """
+    if known == new:
+        return known
+    k, n = type(known), type(new)
+    if k in _INTEGRAL_DIGITS and n in _INTEGRAL_DIGITS:
+        return known if _INTEGRAL_DIGITS[k] >= _INTEGRAL_DIGITS[n] else new
+    if isinstance(known, DoubleType) and n in _DOUBLE_EXACT:
+        return known
+    if isinstance(new, DoubleType) and k in _DOUBLE_EXACT:
+        return new
+    if isinstance(known, DateType) and isinstance(new, TimestampNTZType):
+        return new
+    if isinstance(known, TimestampNTZType) and isinstance(new, DateType):
+        return known
+    if not (isinstance(known, DecimalType) or isinstance(new, DecimalType)):
+        return None
+    known_digits, new_digits = _as_decimal(known), _as_decimal(new)
+    if known_digits is None or new_digits is None:
+        return None
+    (kp, ks), (np_, ns) = known_digits, new_digits
+    scale = max(ks, ns)
+    precision = max(kp - ks, np_ - ns) + scale
+    return DecimalType(precision, scale) if precision <= MAX_PRECISION else None
+
+
+def _as_decimal(dtype: DataType) -> tuple[int, int] | None:
+    """(precision, scale) of a decimal, or of the decimal an integer type widens to."""
+    if isinstance(dtype, DecimalType):
+        return dtype.precision, dtype.scale
+    digits = _INTEGRAL_DIGITS.get(type(dtype))
+    return None if digits is None else (digits, 0)
+
+
+def widens_to(narrow: DataType, wide: DataType) -> bool:
+    """Whether every value of ``narrow`` fits ``wide`` unchanged (equal, or a widening).
+
+    Nested types compare field by field; a field that ``wide`` lacks does not fit.
+    """
+    if isinstance(narrow, StructType) and isinstance(wide, StructType):
+        fields = {f.name: f.dataType for f in wide.fields}
+        return all(f.name in fields and widens_to(f.dataType, fields[f.name]) for f in narrow.fields)
+    if isinstance(narrow, ArrayType) and isinstance(wide, ArrayType):
+        return widens_to(narrow.elementType, wide.elementType)
+    if isinstance(narrow, MapType) and isinstance(wide, MapType):
+        return narrow.keyType == wide.keyType and widens_to(narrow.valueType, wide.valueType)
+    return wider_type(wide, narrow) == wide
+
+
+def merge_schemas(known: StructType, new: StructType) -> StructType:
+    """``known`` with ``new``'s extra fields appended, widened where ``new`` needs and may.
+
+    Structs (also inside arrays and maps) merge field by field. A field whose new type cannot
+    widen keeps its known type; nullability of known fields is kept, added fields are nullable.
+    """
+    names = set(known.fieldNames())
+    merged = [
+        StructField(f.name, _merge(f.dataType, new[f.name].dataType), f.nullable, f.metadata)
+        if f.name in new.names
+        else f
+        for f in known.fields
+    ]
+    added = [StructField(f.name, f.dataType, True, f.metadata) for f in new.fields if f.name not in names]
+    return StructType(merged + added)
+
+
+def _merge(known: DataType, new: DataType) -> DataType:
+    if isinstance(known, StructType) and isinstance(new, StructType):
+        return merge_schemas(known, new)
+    if isinstance(known, ArrayType) and isinstance(new, ArrayType):
+        return ArrayType(_merge(known.elementType, new.elementType), known.containsNull)
+    if isinstance(known, MapType) and isinstance(new, MapType) and known.keyType == new.keyType:
+        return MapType(known.keyType, _merge(known.valueType, new.valueType), known.valueContainsNull)
+    return wider_type(known, new) or known
+
+
+def changed_types(
+    current: StructType, target: StructType, prefix: tuple[str, ...] = ()
+) -> list[tuple[tuple[str, ...], DataType]]:
+    """``current``'s fields (nested in structs too) whose type ``target`` changes: path, new type."""
+    fields = {f.name: f.dataType for f in target.fields}
+    changed: list[tuple[tuple[str, ...], DataType]] = []
+    for f in current.fields:
+        if f.name not in fields:
+            continue
+        path, old, new = (*prefix, f.name), _strip(f.dataType), fields[f.name]
+        if isinstance(old, StructType) and isinstance(new, StructType):
+            changed += changed_types(old, new, path)
+        elif old != _strip(new):
+            changed.append((path, new))
+    return changed
+
+
+def _strip(dtype: DataType) -> DataType:
+    """``dtype`` with nullability flags dropped, for comparing types only."""
+    if isinstance(dtype, StructType):
+        return StructType([StructField(f.name, _strip(f.dataType)) for f in dtype.fields])
+    if isinstance(dtype, ArrayType):
+        return ArrayType(_strip(dtype.elementType))
+    if isinstance(dtype, MapType):
+        return MapType(_strip(dtype.keyType), _strip(dtype.valueType))
+    return dtype
+
+
+def conform(df: DataFrame, target: StructType) -> DataFrame:
+    """``df``'s rows in ``target``'s shape: columns in its order, types cast, missing ones null.
+
+    Structs are rebuilt by field name (Spark casts structs by position), so a widened or added
+    nested field lands where ``target`` has it.
+    """
+    have = {f.name: f.dataType for f in df.schema.fields}
+    return df.select(*[_conform(f, have) for f in target.fields])
+
+
+def _conform(field: StructField, have: dict[str, DataType]) -> Column:
+    if field.name not in have:
+        return F.lit(None).cast(field.dataType).alias(field.name)
+    return conform_column(F.col(quote(field.name)), have[field.name], field.dataType).alias(field.name)
+
+
+def conform_column(column: Column, current: DataType, target: DataType) -> Column:
+    """``column`` (of type ``current``) in the shape of ``target``; see :func:`conform`."""
+    if _strip(current) == _strip(target):
+        return column
+    if isinstance(current, StructType) and isinstance(target, StructType):
+        have = {f.name: f.dataType for f in current.fields}
+        parts = [
+            (
+                conform_column(column.getField(f.name), have[f.name], f.dataType)
+                if f.name in have
+                else F.lit(None).cast(f.dataType)
+            ).alias(f.name)
+            for f in target.fields
+        ]
+        return F.when(column.isNotNull(), F.struct(*parts))
+    if isinstance(current, ArrayType) and isinstance(target, ArrayType):
+        return F.transform(column, lambda e: conform_column(e, current.elementType, target.elementType))
+    if isinstance(current, MapType) and isinstance(target, MapType):
+        return F.transform_values(column, lambda _, v: conform_column(v, current.valueType, target.valueType))
+    return column.cast(target)
+
+
+def quote(name: str) -> str:
+    """A column name as a backtick-quoted Spark SQL identifier."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def quoted(names: Sequence[str]) -> list[str]:
+    """:func:`quote` of each name."""
+    return [quote(n) for n in names]
