@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from cdc_join.errors import ConfigError
+from cdc_join.schemas import parse_type
 from cdc_join.storage.base import is_table_name
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -44,7 +45,8 @@ class SourceConfig:
     existing bronze Delta table written by another tool) is set. ``sequence_by`` lists the
     Debezium fields (dotted paths into the event, e.g. ``source.lsn``) whose values, compared
     in order, decide which event is newest; empty means "the connector's default"
-    (see :mod:`cdc_join.debezium`).
+    (see :mod:`cdc_join.debezium`). ``columns`` optionally declares the row's columns and Spark
+    SQL types, used until the source's first event arrives (see :mod:`cdc_join.bronze`).
     """
 
     name: str
@@ -53,6 +55,7 @@ class SourceConfig:
     landing: str | None = None
     bronze: str | None = None
     connector: str | None = None
+    columns: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if (self.landing is None) == (self.bronze is None):
@@ -243,7 +246,7 @@ def _bare_message(e: ConfigError) -> str:
 _TOP_KEYS = {"name", "lake", "tables", "sources", "left", "joins", "select", "output", "quality"}
 _TOP_KEYS |= {"description"}
 _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$")
-_SOURCE_KEYS = {"landing", "bronze", "primary_key", "sequence_by", "connector"}
+_SOURCE_KEYS = {"landing", "bronze", "primary_key", "sequence_by", "connector", "columns"}
 _JOIN_KEYS = {"right", "foreign_key", "type", "as"}
 
 
@@ -320,17 +323,39 @@ def _sources(raw: Any, base: Path, check_paths: bool) -> dict[str, SourceConfig]
         connector = spec.get("connector")
         if connector is not None and connector not in CONNECTORS:
             raise ConfigError(f"must be one of {list(CONNECTORS)}, got {connector!r}", key=f"{key}.connector")
+        primary_key = _columns(_required(spec, "primary_key", key), f"{key}.primary_key")
         out[str(name)] = SourceConfig(
             name=str(name),
-            primary_key=_columns(_required(spec, "primary_key", key), f"{key}.primary_key"),
+            primary_key=primary_key,
             sequence_by=_columns(spec["sequence_by"], f"{key}.sequence_by", dotted=True)
             if spec.get("sequence_by") is not None
             else (),
             landing=landing,
             bronze=bronze,
             connector=connector,
+            columns=_declared_columns(spec.get("columns"), primary_key, f"{key}.columns"),
         )
     return out
+
+
+def _declared_columns(raw: Any, primary_key: tuple[str, ...], key: str) -> tuple[tuple[str, str], ...]:
+    """``columns: {name: type, ...}``, each type checked (Spark SQL type names)."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, Mapping) or not raw:
+        raise ConfigError("must be a mapping of column name to Spark SQL type, e.g. {id: bigint}", key=key)
+    out = []
+    for column, text in raw.items():
+        _name(column, f"{key}.{column}")
+        try:
+            parse_type(_string(text, f"{key}.{column}"))
+        except ValueError as e:
+            raise ConfigError(str(e), key=f"{key}.{column}") from None
+        out.append((str(column), str(text).strip()))
+    missing = [c for c in primary_key if c not in dict(out)]
+    if missing:
+        raise ConfigError(f"must declare the primary key column(s) {missing}", key=key)
+    return tuple(out)
 
 
 def _joins(raw: Any, sources: Mapping[str, SourceConfig], left: str) -> tuple[JoinConfig, ...]:

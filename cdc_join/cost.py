@@ -25,9 +25,14 @@ predicts. ``Pipeline.run(plan=...)`` / ``cdc-join run --plan`` override it.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from cdc_join.config import PipelineConfig
+from cdc_join.state import Applied
+from cdc_join.storage import Storage
 
 #: What a run may be told to do: let the rule decide, or force either plan.
 PLANS = ("auto", "incremental", "recompute")
@@ -108,3 +113,45 @@ def choose_plan(
     return PlanDecision(
         recompute, reason, left_rows, changed_left_keys, dict(changed_right_keys), fanout, estimate, share
     )
+
+
+def decide(
+    storage: Storage,
+    config: PipelineConfig,
+    applied: Mapping[str, Applied],
+    pinned: Mapping[str, int],
+    plan: str = "auto",
+    *,
+    first_run: bool = False,
+) -> PlanDecision:
+    """The rule's decision for a run that applied ``applied``, from file statistics only;
+    ``plan`` other than ``auto`` overrides it (the reason says so)."""
+    decision = choose_plan(
+        first_run=first_run,
+        left_rows=_rows(storage, config.state_path(config.left), pinned[config.left]),
+        changed_left_keys=None if first_run else applied[config.left].changes.rows,
+        changed_right_keys={j.alias: applied[j.right].changes.rows for j in config.joins},
+        subscription_rows={j.alias: _rows(storage, config.subscription_path(j)) for j in config.joins},
+        right_rows={
+            j.alias: _rows(storage, config.state_path(j.right), pinned[j.right]) for j in config.joins
+        },
+    )
+    if plan != "auto" and not first_run and decision.recompute != (plan == "recompute"):
+        reason = f"forced by plan={plan} (the rule said: {decision.reason})"
+        decision = dataclasses.replace(decision, recompute=plan == "recompute", reason=reason)
+    return decision
+
+
+def _rows(storage: Storage, path: str, version: int | None = None) -> int:
+    """Rows of a table from its file statistics (no Spark job); 0 when it does not exist yet."""
+    if version is None and not storage.exists(path):
+        return 0
+    return sum(f.num_records or 0 for f in storage.files(path, version))
+
+
+def rebuild_first(storage: Storage, config: PipelineConfig, versions: Mapping[str, int]) -> bool:
+    """Whether a first run should rebuild the state tables from bronze snapshots (in Spark)
+    rather than apply them as one big increment (through the driver): when the bronze tables
+    hold :data:`RECOMPUTE_MIN_ROWS` rows or more, by their file statistics."""
+    total = sum(_rows(storage, config.bronze_path(name), version) for name, version in versions.items())
+    return total >= RECOMPUTE_MIN_ROWS

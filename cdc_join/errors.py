@@ -31,6 +31,10 @@ class InputError(CdcJoinError):
     """Source data cannot be processed as a whole (e.g. no usable sequence field)."""
 
 
+class SourceNotReadyError(InputError):
+    """A source the join needs has neither events nor declared columns yet."""
+
+
 class StorageError(CdcJoinError):
     """A Delta table cannot be read or written, or no storage backend is usable."""
 

@@ -1,33 +1,29 @@
-"""Table maintenance: file sizes, and the policy behind ``cdc-join optimize``.
+"""Table maintenance: the policy behind ``cdc-join optimize``, from file statistics alone.
 
-Every MERGE rewrites the files holding the keys it touches and writes its inserts to new
-files. Over many runs two things decay:
+Runs only ever append to the state and subscription tables (merge-on-read), so over many runs:
 
-- **clustering.** Right-driven lookups read only the subscription files whose fk range can
-  hold a changed right key, and keyed reads of a state table only the files whose key range
-  can hold a wanted key. Inserts land in new files spanning the whole range, and rewritten
-  files mix the ranges they came from, so lookups read more and more files. Z-ordering by the
-  fk (subscriptions) or the primary key (state) restores narrow, disjoint ranges.
-- **file count.** Small files pile up (one or more per run and table), and every read pays a
-  per-file cost. Compaction merges them.
+- **superseded rows pile up.** A key changed in ten runs has ten rows; readers fold them
+  (newest per key), but every read pays for all of them. Compaction rewrites the table with
+  one current row per key (:func:`cdc_join.state.compact`, :func:`cdc_join.subscription.compact`).
+- **clustering decays.** Right-driven lookups read only the subscription files whose fk range
+  can hold a changed right key, and keyed reads of a state table only the files whose key
+  range can hold a wanted key. Appended files span the whole range, so lookups read more and
+  more files. Compaction writes rows in fk (subscriptions) or key (state) order into
+  right-sized files, which restores narrow, disjoint ranges.
+- **small files pile up** in silver, whose MERGEs write a few files per run.
 
-The policy, per table, from its file statistics alone (no data is read to decide):
+The policy, per table, from its file statistics (no data is read to decide):
 
-- a subscription table is Z-ordered by its fk columns, and a state table by its primary key,
-  when its *overlap* — how many files' ranges of that column cover a value, on average over
+- a subscription table is compacted in fk order, a state table in key order, when its
+  *overlap* — how many files' ranges of the first key column cover a value, on average over
   the files' own minimums — exceeds :data:`MAX_OVERLAP`, or when it has more than
   :data:`MAX_SMALL_FILES` small files (smaller than a quarter of its target file size);
-- silver is compacted when it has more than :data:`MAX_SMALL_FILES` small files.
+- silver is compacted (Delta OPTIMIZE) when it has more than :data:`MAX_SMALL_FILES` small files.
 
-Target file sizes are table properties (``delta.targetFileSize``) set when the pipeline
-creates a table (see :func:`table_properties`), so MERGE, compaction and Z-order all write
-files of that size. Subscription files are small on purpose: a lookup of a few fk values reads
-one small file per value, and there are enough files that a batch touching a hundred right
-keys reads a small share of them.
-
-Optimizing only rearranges files (no data change), so it is safe next to runs: the run reads
-pinned versions, and Delta's optimistic concurrency makes a conflicting writer retry. It never
-vacuums, so pinned versions of running jobs stay readable.
+A compaction is one overwrite that commits only if the table did not move while it was
+rewritten (so a run appending meanwhile makes it give up, never lose the run's rows), and it
+keeps, per key, the row an unfinished run still needs as its old image. It never vacuums, so
+pinned versions of running jobs stay readable.
 """
 
 from __future__ import annotations
@@ -37,25 +33,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from cdc_join import state, subscription
 from cdc_join.config import PipelineConfig
+from cdc_join.runlog import last_checkpoint
 from cdc_join.storage import FileStats, Storage
+from cdc_join.tables import fk_columns, target_file_size
 
-TARGET_FILE_SIZE_PROPERTY = "delta.targetFileSize"
-#: Subscription tables: small files, so fk lookups read little.
-SUBSCRIPTION_TARGET_FILE_SIZE = 16 * 1024
-#: State and silver tables: MERGEs rewrite whole files, so smaller than Delta's 100+ MB
-#: default; large enough that the file count of a big table stays in the hundreds.
-TABLE_TARGET_FILE_SIZE = 8 * 1024 * 1024
-#: Z-order a subscription table when fk ranges overlap more than this on average.
+#: Compact a table when its key ranges overlap more than this on average.
 MAX_OVERLAP = 4.0
 #: Compact a table with more than this many small files.
 MAX_SMALL_FILES = 16
-
-
-def table_properties(kind: str) -> dict[str, str]:
-    """Properties for a new internal table of ``kind`` (``subscription``, ``state`` or ``silver``)."""
-    size = SUBSCRIPTION_TARGET_FILE_SIZE if kind == "subscription" else TABLE_TARGET_FILE_SIZE
-    return {TARGET_FILE_SIZE_PROPERTY: str(size)}
 
 
 @dataclass(frozen=True)
@@ -112,21 +99,13 @@ def inspect(storage: Storage, path: str, target_size: int, cluster_by: list[str]
     small = sum(1 for f in files if f.size_bytes < target_size // 4)
     depth = overlap(files, cluster_by[0]) if cluster_by else None
     action = None
-    if cluster_by and ((depth is not None and depth > MAX_OVERLAP) or small > MAX_SMALL_FILES):
-        action = "zorder"
-    elif not cluster_by and small > MAX_SMALL_FILES:
+    if (cluster_by and depth is not None and depth > MAX_OVERLAP) or small > MAX_SMALL_FILES:
         action = "compact"
     return TableHealth(path, len(files), small, depth, action)
 
 
-def _target_size(kind: str) -> int:
-    return int(table_properties(kind)[TARGET_FILE_SIZE_PROPERTY])
-
-
 def pipeline_tables(config: PipelineConfig) -> list[tuple[str, str, list[str] | None]]:
     """``(path, kind, cluster columns)`` of every table the policy looks after."""
-    from cdc_join.subscription import fk_columns  # subscription → state → this module
-
     tables: list[tuple[str, str, list[str] | None]] = [
         (config.subscription_path(j), "subscription", fk_columns(j)) for j in config.joins
     ]
@@ -143,31 +122,37 @@ def optimize_pipeline(
     Args:
         storage: the storage seam.
         config: the pipeline.
-        force: Z-order every subscription and state table and compact silver, whatever the
-            policy says (e.g. right after a large initial load).
+        force: compact every table, whatever the policy says (e.g. after a large initial load).
     """
+    last_run = last_checkpoint(storage, config).run_id
     done = []
     for path, kind, cluster_by in pipeline_tables(config):
         if not storage.exists(path):
             continue
-        size = _target_size(kind)
-        health = inspect(storage, path, size, cluster_by)
-        action = health.action or (("zorder" if cluster_by else "compact") if force else None)
+        health = inspect(storage, path, target_file_size(kind), cluster_by)
+        action = health.action or ("compact" if force else None)
         entry = health.as_dict()
         entry["action"] = action
         if action is not None:
-            metrics = storage.optimize(
-                path, zorder_by=cluster_by if action == "zorder" else None, target_size=size
-            )
-            after = inspect(storage, path, size, cluster_by)
+            entry["rows_kept"] = _compact(storage, config, path, kind, last_run)
+            after = inspect(storage, path, target_file_size(kind), cluster_by)
             entry.update(
                 files_after=after.files,
                 overlap_after=None if after.overlap is None else round(after.overlap, 2),
-                files_added=metrics.files_added,
-                files_removed=metrics.files_removed,
             )
         done.append(entry)
     return done
+
+
+def _compact(storage: Storage, config: PipelineConfig, path: str, kind: str, last_run: int) -> int | None:
+    if kind == "state":
+        name = next(n for n in config.sources if config.state_path(n) == path)
+        return state.compact(storage, path, config.sources[name].primary_key, last_run)
+    if kind == "subscription":
+        join = next(j for j in config.joins if config.subscription_path(j) == path)
+        return subscription.compact(storage, path, join, config.left_source, last_run)
+    storage.optimize(path, target_size=target_file_size(kind))
+    return None
 
 
 def summary(results: list[Mapping[str, Any]]) -> str:
@@ -176,11 +161,11 @@ def summary(results: list[Mapping[str, Any]]) -> str:
     for r in results:
         shown = f"{r['path']}: {r['files']} files ({r['small_files']} small)"
         if r.get("overlap") is not None:
-            shown += f", fk overlap {r['overlap']}"
+            shown += f", key overlap {r['overlap']}"
         if r.get("action"):
             shown += f" → {r['action']}: {r.get('files_after')} files"
             if r.get("overlap_after") is not None:
-                shown += f", fk overlap {r['overlap_after']}"
+                shown += f", key overlap {r['overlap_after']}"
         else:
             shown += " → nothing to do"
         lines.append(shown)

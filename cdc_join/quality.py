@@ -50,11 +50,11 @@ from pyspark.sql.types import BooleanType, LongType, StringType, StructField, St
 
 from cdc_join.config import JoinType, PipelineConfig
 from cdc_join.errors import ConfigError, InputError
-from cdc_join.lookup import read_matching
-from cdc_join.resolve import RUN_ID, output_columns, silver_key_columns
 from cdc_join.runlog import Checkpoint
-from cdc_join.state import DELETED, TS_MS
+from cdc_join.state import newest
 from cdc_join.storage import Storage
+from cdc_join.storage.pruning import read_keyed
+from cdc_join.tables import DELETED, RUN_ID, TS_MS, output_columns, silver_key_columns
 
 WARN, FAIL = "warn", "fail"
 SEVERITIES = (WARN, FAIL)
@@ -386,15 +386,19 @@ def _foreign_keys(config: PipelineConfig, storage: Storage, run: Checkpoint, wri
     pk = config.left_source.primary_key
     wanted = written.select(*[F.col(f"_pk_{c}").alias(c) for c in pk])
     version = run.state_versions.get(config.left)
-    state, _ = read_matching(storage, config.state_path(config.left), wanted, [(c, c) for c in pk], version)
-    return state.filter(~F.col(DELETED)).select(
-        *[F.col(f"`{c}`").alias(f"_pk_{c}") for c in pk],
-        *[
-            F.col(f"`{c}`").alias(f"_fk_{j.alias}_{c}")
-            for j in config.joins
-            if j.type is JoinType.LEFT
-            for c in j.foreign_key
-        ],
+    stored, _ = read_keyed(storage, config.state_path(config.left), wanted, [(c, c) for c in pk], version)
+    return (
+        newest(stored, pk)
+        .filter(~F.col(DELETED))
+        .select(
+            *[F.col(f"`{c}`").alias(f"_pk_{c}") for c in pk],
+            *[
+                F.col(f"`{c}`").alias(f"_fk_{j.alias}_{c}")
+                for j in config.joins
+                if j.type is JoinType.LEFT
+                for c in j.foreign_key
+            ],
+        )
     )
 
 

@@ -23,6 +23,7 @@ class RunReport:
     progress: Callable[[str], None] | None = None
     steps: dict[str, dict[str, Any]] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
 
     @contextlib.contextmanager
     def step(self, name: str) -> Iterator[dict[str, Any]]:
@@ -37,7 +38,13 @@ class RunReport:
             raise SimulatedCrash(f"simulated crash after step {name!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "kind": self.kind, "steps": self.steps, "seconds": self.seconds}
+        return {
+            "run_id": self.run_id,
+            "kind": self.kind,
+            "steps": self.steps,
+            "seconds": self.seconds,
+            "warnings": self.warnings,
+        }
 
     def total(self, key: str) -> int:
         """Sum of one count over all steps."""

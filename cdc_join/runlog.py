@@ -1,10 +1,18 @@
-"""The run log, whose newest row is the checkpoint, and the lock that keeps runs apart.
+"""The run log, whose newest row is the checkpoint, and what keeps two runs apart.
 
 A run commits its run-log row last. The row records, per source, the last bronze version
 applied to state, the state version the join has processed, and the truncate watermark. A run
 killed before that commit leaves the previous checkpoint in place, so the rerun reprocesses the
-same changes through idempotent, sequence-guarded MERGEs and ends where an uninterrupted run
-would have.
+same changes through idempotent writes and ends where an uninterrupted run would have.
+
+Two runs of one pipeline (incremental runs, a full refresh, ``verify --repair``) exclude each
+other through the run log itself: a run notes the log's version when it starts
+(:func:`start`), and its commit (:func:`commit_run`) succeeds only if the log is still at that
+version. Delta's optimistic concurrency makes that check and the commit one atomic step on
+every storage, object stores included. The loser fails with
+:class:`~cdc_join.errors.ConcurrentRunError`; its work is redone by the next run. Silver is
+guarded the same way (see :mod:`cdc_join.silver`), so a slower run never overwrites newer rows.
+A lock file next to local lakes only makes a second run on the same machine fail early.
 """
 
 from __future__ import annotations
@@ -71,11 +79,38 @@ class Checkpoint:
         )
 
 
+@dataclass(frozen=True)
+class RunStart:
+    """What a run saw when it started: the checkpoint, and the versions its commits expect."""
+
+    checkpoint: Checkpoint
+    log_version: int
+    silver_version: int | None
+
+
+def start(storage: Storage, config: PipelineConfig) -> RunStart:
+    """The last checkpoint and the run log's and silver's versions, noted at a run's start."""
+    storage.create(config.runs_path, RUNS_SCHEMA, cdf=False)
+    silver = storage.version(config.silver_path) if storage.exists(config.silver_path) else None
+    return RunStart(last_checkpoint(storage, config), storage.version(config.runs_path), silver)
+
+
 def last_checkpoint(storage: Storage, config: PipelineConfig) -> Checkpoint:
-    """The checkpoint of the newest completed run, or an empty one before the first run."""
+    """The checkpoint of the newest completed run, or an empty one before the first run.
+
+    Reads one data file: the one whose statistics hold the greatest run id.
+    """
     if not storage.exists(config.runs_path):
         return Checkpoint()
-    row = storage.read(config.runs_path).orderBy(F.col("run_id").desc()).select("checkpoint").first()
+    files = storage.files(config.runs_path)
+    if not files:
+        return Checkpoint()
+    newest = max(
+        files, key=lambda f: (f.max_values.get("run_id") is not None, f.max_values.get("run_id") or 0)
+    )
+    chosen = [newest.path] if newest.max_values.get("run_id") is not None else None
+    rows = storage.read(config.runs_path, files=chosen)
+    row = rows.orderBy(F.col("run_id").desc()).select("checkpoint").first()
     return Checkpoint.from_json(row["checkpoint"]) if row is not None else Checkpoint()
 
 
@@ -86,8 +121,13 @@ def commit_run(
     kind: str,
     started_at: datetime,
     report: Mapping[str, Any],
+    expected_version: int | None = None,
 ) -> None:
-    """Append the run's row — report and checkpoint in one commit, the run's last write."""
+    """Append the run's row — report and checkpoint in one commit, the run's last write.
+
+    With ``expected_version`` (from :func:`start`) the commit fails with
+    :class:`~cdc_join.errors.ConcurrentRunError` if another run committed since.
+    """
     finished = datetime.now(timezone.utc)
     row = (
         checkpoint.run_id,
@@ -99,18 +139,27 @@ def commit_run(
         json.dumps(report, sort_keys=True, default=str),
     )
     storage.create(config.runs_path, RUNS_SCHEMA, cdf=False)
-    storage.append(config.runs_path, storage.spark.createDataFrame([row], RUNS_SCHEMA))
+    try:
+        storage.append(
+            config.runs_path,
+            storage.spark.createDataFrame([row], RUNS_SCHEMA),
+            expected_version=expected_version,
+        )
+    except ConcurrentRunError as exc:
+        raise ConcurrentRunError(
+            f"another run of pipeline {config.name!r} committed while this one worked; this run's "
+            "work is left for the next run to redo"
+        ) from exc
 
 
 @contextlib.contextmanager
 def run_lock(config: PipelineConfig) -> Iterator[None]:
     """Hold the pipeline's lock for the duration of a run; a second run fails fast.
 
-    The lock is a file created with O_EXCL under the pipeline's internal folder (local lakes).
-    A lock left by a process that no longer exists on this host is taken over. For lakes on
-    object stores or tables in a metastore, where no atomic create-if-absent exists here, rely
-    on the scheduler running one instance at a time (the bundle's jobs set
-    ``max_concurrent_runs: 1``).
+    The lock is a file created with O_EXCL under the pipeline's internal folder (local lakes),
+    an early failure for two runs on one machine. A lock left by a process that no longer
+    exists on this host is taken over. What keeps runs apart everywhere (object stores, other
+    hosts) is the run log's expected version (see the module docstring).
     """
     path = config.lock_path
     if path is None:

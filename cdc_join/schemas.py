@@ -16,12 +16,15 @@ Debezium parser quarantines the values, a select change is reported as a config 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType,
+    BinaryType,
+    BooleanType,
     ByteType,
     DataType,
     DateType,
@@ -32,9 +35,11 @@ from pyspark.sql.types import (
     LongType,
     MapType,
     ShortType,
+    StringType,
     StructField,
     StructType,
     TimestampNTZType,
+    TimestampType,
 )
 
 MAX_PRECISION = 38
@@ -196,3 +201,87 @@ def quote(name: str) -> str:
 def quoted(names: Sequence[str]) -> list[str]:
     """:func:`quote` of each name."""
     return [quote(n) for n in names]
+
+
+_SIMPLE_TYPES: dict[str, DataType] = {
+    "string": StringType(),
+    "boolean": BooleanType(),
+    "tinyint": ByteType(),
+    "byte": ByteType(),
+    "smallint": ShortType(),
+    "short": ShortType(),
+    "int": IntegerType(),
+    "integer": IntegerType(),
+    "bigint": LongType(),
+    "long": LongType(),
+    "float": FloatType(),
+    "double": DoubleType(),
+    "date": DateType(),
+    "timestamp": TimestampType(),
+    "timestamp_ntz": TimestampNTZType(),
+    "binary": BinaryType(),
+}
+_TYPE_TOKENS = re.compile(r"\s*(`(?:[^`]|``)+`|[<>(),:]|[A-Za-z_][A-Za-z0-9_]*|\d+)")
+
+
+def parse_type(text: str) -> DataType:
+    """A Spark SQL type name (``bigint``, ``decimal(10,2)``, ``array<string>``,
+    ``struct<a: int, b: string>``, ``map<string, double>``) as a Spark type, without Spark.
+
+    Raises:
+        ValueError: the text is not such a type; the message says where it stops making sense.
+    """
+    tokens, at = [], 0
+    while text[at:].strip():
+        match = _TYPE_TOKENS.match(text, at)
+        if match is None:
+            raise ValueError(f"{text!r} is not a type name (at {text[at:].strip()!r})")
+        tokens.append(match.group(1))
+        at = match.end()
+    parsed, end = _parse(tokens, 0, text)
+    if end != len(tokens):
+        raise ValueError(f"{text!r}: unexpected {tokens[end]!r} after the type")
+    return parsed
+
+
+def _parse(tokens: list[str], i: int, text: str) -> tuple[DataType, int]:
+    def expect(token: str, at: int) -> int:
+        if at >= len(tokens) or tokens[at] != token:
+            raise ValueError(f"{text!r}: expected {token!r}")
+        return at + 1
+
+    if i >= len(tokens):
+        raise ValueError(f"{text!r} ends before its type does")
+    word = tokens[i].lower()
+    if word in _SIMPLE_TYPES:
+        return _SIMPLE_TYPES[word], i + 1
+    if word in ("decimal", "numeric", "dec"):
+        if i + 1 < len(tokens) and tokens[i + 1] == "(":
+            precision = int(tokens[i + 2])
+            scale = 0
+            i += 3
+            if tokens[i] == ",":
+                scale, i = int(tokens[i + 1]), i + 2
+            i = expect(")", i)
+            if not 0 < precision <= MAX_PRECISION or not 0 <= scale <= precision:
+                raise ValueError(f"{text!r}: decimal({precision},{scale}) is out of range")
+            return DecimalType(precision, scale), i
+        return DecimalType(10, 0), i + 1
+    if word == "array":
+        element, i = _parse(tokens, expect("<", i + 1), text)
+        return ArrayType(element), expect(">", i)
+    if word == "map":
+        key, i = _parse(tokens, expect("<", i + 1), text)
+        value, i = _parse(tokens, expect(",", i), text)
+        return MapType(key, value), expect(">", i)
+    if word == "struct":
+        i = expect("<", i + 1)
+        fields = []
+        while tokens[i] != ">":
+            name = tokens[i][1:-1].replace("``", "`") if tokens[i].startswith("`") else tokens[i]
+            field_type, i = _parse(tokens, expect(":", i + 1), text)
+            fields.append(StructField(name, field_type))
+            if tokens[i] == ",":
+                i += 1
+        return StructType(fields), i + 1
+    raise ValueError(f"{text!r}: unknown type {tokens[i]!r}")

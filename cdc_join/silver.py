@@ -1,10 +1,13 @@
-"""Idempotent MERGE of joined rows into the silver table (KIP-213's output KTable).
+"""Joined rows → the silver table (KIP-213's output KTable), with MERGEs that write only changes.
 
-Silver is keyed by the left primary key (``_pk_*`` metadata columns, so the key is there even
-when the select list does not carry it). A row is inserted when new, updated only when one of
-its data columns differs (lineage columns alone do not cause a rewrite), and deleted when the
-resolve step says so. Applying the same rows twice changes nothing, which is what a rerun after
-a crash does. Change Data Feed is on, so downstream jobs can read silver incrementally.
+Silver is keyed by the left primary key (``_pk_*`` columns, so the key is there even when the
+select list does not carry it). A row is inserted when new, updated only when one of its data
+columns differs (lineage columns alone do not cause a rewrite), and deleted when the row's
+action says so. Applying the same rows twice changes nothing, which is what a rerun after a
+crash does. Change Data Feed is on, so downstream jobs can read silver incrementally.
+
+A run MERGEs with the silver version it saw at its start as the expected version: if another
+run wrote silver in between, the MERGE fails instead of overwriting newer rows with older ones.
 """
 
 from __future__ import annotations
@@ -13,14 +16,15 @@ import functools
 import operator
 from dataclasses import dataclass
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import MapType
+from pyspark.sql.types import DataType, MapType
 
 from cdc_join.config import PipelineConfig
-from cdc_join.maintenance import table_properties
-from cdc_join.resolve import ACTION, output_columns, silver_key_columns
+from cdc_join.errors import ConcurrentRunError
+from cdc_join.schemas import quote
 from cdc_join.storage import MergeSpec, Storage
+from cdc_join.tables import ACTION, output_columns, silver_key_columns, table_properties
 
 
 @dataclass(frozen=True)
@@ -37,34 +41,55 @@ class SilverReport:
     """Rows in the data files the MERGE wrote: inserted and updated rows, plus the unchanged
     rows copied out of every file it rewrote (Delta rewrites whole files; ``None`` if unknown)."""
 
+    def as_counts(self) -> dict[str, int | None]:
+        return {
+            "inserted": self.inserted,
+            "updated": self.updated,
+            "deleted": self.deleted,
+            "rows_written": self.rows_written,
+            "files_added": self.files_added,
+            "files_removed": self.files_removed,
+        }
 
-def merge_into_silver(storage: Storage, config: PipelineConfig, rows: DataFrame) -> SilverReport:
-    """Apply :func:`cdc_join.resolve.build_rows` output to silver (created on first use).
 
-    Args:
-        storage: the storage seam.
-        config: the pipeline.
-        rows: upserts and deletes with an ``_action`` column.
+NOTHING = {"inserted": 0, "updated": 0, "deleted": 0, "rows_written": 0}
 
-    Returns:
-        Row and file counts of the MERGE.
+
+def prepare(storage: Storage, config: PipelineConfig, rows: DataFrame, expected_version: int | None) -> int:
+    """Create silver for rows of this shape, or add new columns and widen types.
+
+    ``expected_version`` is silver's version when the run started (``None``: no silver yet);
+    if silver moved since, another run wrote it and this one stops. Returns the version the
+    run's MERGE must find.
     """
-    path = config.silver_path
-    if not storage.create(path, rows.drop(ACTION).schema, cdf=True, properties=table_properties("silver")):
-        storage.evolve(path, rows.drop(ACTION).schema)
+    path, schema = config.silver_path, rows.drop(ACTION).schema
+    if expected_version is None:
+        if not storage.create(path, schema, cdf=True, properties=table_properties("silver")):
+            raise ConcurrentRunError(f"silver {path} was created by another run while this one worked")
+        return storage.version(path)
+    if storage.version(path) != expected_version:
+        raise ConcurrentRunError(f"silver {path} moved past version {expected_version}: another run wrote it")
+    storage.evolve(path, schema)
+    return storage.version(path)
+
+
+def merge(
+    storage: Storage, config: PipelineConfig, rows: DataFrame, *, expected_version: int | None = None
+) -> SilverReport:
+    """MERGE upserts and deletes (``_action``) into silver; see the module docstring."""
     keys = silver_key_columns(config)
-    changed = " OR ".join(f"(t.`{c}` IS DISTINCT FROM s.`{c}`)" for c in output_columns(config))
+    changed = " OR ".join(f"(t.{quote(c)} IS DISTINCT FROM s.{quote(c)})" for c in output_columns(config))
     metrics = storage.merge(
-        path,
+        config.silver_path,
         rows,
         MergeSpec(
-            on=" AND ".join(f"t.`{c}` = s.`{c}`" for c in keys),
+            on=" AND ".join(f"t.{quote(c)} = s.{quote(c)}" for c in keys),
             delete_condition=f"s.{ACTION} = 'delete'",
             update_condition=f"s.{ACTION} = 'upsert' AND ({changed})",
             insert_condition=f"s.{ACTION} = 'upsert'",
             exclude_columns=(ACTION,),
-            merge_schema=True,
         ),
+        expected_version=expected_version,
     )
     raw = metrics.extra.get("metrics") or {}
     # delta-rs and delta-spark name the copied-rows metric differently.
@@ -81,36 +106,48 @@ def merge_into_silver(storage: Storage, config: PipelineConfig, rows: DataFrame)
     )
 
 
-def only_changes(storage: Storage, config: PipelineConfig, rows: DataFrame) -> DataFrame:
-    """The rows of ``rows`` that change silver: new or different upserts, deletes of present keys.
+def differences(storage: Storage, config: PipelineConfig, rows: DataFrame) -> DataFrame:
+    """The rows that change silver when ``rows`` is the *whole* join: new or different upserts,
+    and deletes of every silver key that ``rows`` deletes or does not have at all.
 
-    A recompute builds a row for every left key; MERGEing them all would make the MERGE join and
-    rewrite the whole table for every run. Comparing with silver in Spark first (one join on
-    the key) leaves a MERGE of the real changes only. The kept rows are exactly those the
-    MERGE of :func:`merge_into_silver` would act on, so the result is the same.
-
-    Falls back to ``rows`` unchanged when silver does not exist yet, lacks one of the output
-    columns (the select list grew), or has a map column (maps cannot be compared in Spark).
+    A recompute builds a row for every left key; comparing with silver first (one join on the
+    key) leaves a MERGE of the real changes only, and removes silver rows whose key has no
+    source row any more (or never had one).
     """
     path = config.silver_path
     if not storage.exists(path):
-        return rows
+        return rows.filter(F.col(ACTION) == "upsert")
     silver = storage.read(path)
     keys, columns = silver_key_columns(config), output_columns(config)
     have = {f.name: f.dataType for f in silver.schema.fields}
-    if any(c not in have or isinstance(have[c], MapType) for c in columns):
-        return rows
     current = silver.select(
-        *[F.col(f"`{k}`") for k in keys],
+        *[F.col(quote(k)) for k in keys],
         F.lit(True).alias("__present"),
-        *[F.col(f"`{c}`").alias(f"__silver_{i}") for i, c in enumerate(columns)],
+        *[
+            (_comparable(F.col(quote(c)), have[c]) if c in have else F.lit(None)).alias(f"__silver_{i}")
+            for i, c in enumerate(columns)
+        ],
     )
-    joined = rows.join(current, keys, "left")
-    present = F.col("__present").isNotNull()
+    types = {f.name: f.dataType for f in rows.schema.fields}
+    joined = rows.join(current, keys, "full_outer")
+    present, in_rows = F.col("__present").isNotNull(), F.col(ACTION).isNotNull()
     differs = functools.reduce(
         operator.or_,
-        [~F.col(f"`{c}`").eqNullSafe(F.col(f"__silver_{i}")) for i, c in enumerate(columns)],
+        [
+            ~_comparable(F.col(quote(c)), types[c]).eqNullSafe(F.col(f"__silver_{i}"))
+            if c in have
+            else F.lit(True)
+            for i, c in enumerate(columns)
+        ],
         F.lit(False),
     )
-    keep = F.when(F.col(ACTION) == "delete", present).otherwise(~present | differs)
-    return joined.filter(keep).select(*[F.col(f"`{c}`") for c in rows.columns])
+    upsert = in_rows & (F.col(ACTION) == "upsert") & (~present | differs)
+    delete = present & (~in_rows | (F.col(ACTION) == "delete"))
+    action = F.when(upsert, F.lit("upsert")).when(delete, F.lit("delete"))
+    kept = joined.withColumn(ACTION, action).filter(F.col(ACTION).isNotNull())
+    return kept.select(*[F.col(quote(c)) for c in rows.columns])
+
+
+def _comparable(column: Column, data_type: DataType) -> Column:
+    """A value Spark can compare for equality (maps cannot be: their JSON text can)."""
+    return F.to_json(column) if isinstance(data_type, MapType) else column

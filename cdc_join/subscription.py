@@ -1,4 +1,4 @@
-"""Left changes → KIP-213 subscription instructions → MERGE of the CombinedKey table.
+"""Left changes → KIP-213 subscription instructions → the CombinedKey subscription table.
 
 For each changed left key the old row (as of the last completed run) and the new row (now)
 decide what happens, exactly as Kafka's ``SubscriptionSendProcessorSupplier`` does:
@@ -13,34 +13,48 @@ same fk, or a new row              left join: ``PROPAGATE_NULL_IF_NO_FK_VAL_AVAI
                                    inner join: ``PROPAGATE_ONLY_IF_FK_VAL_AVAILABLE``
 =================================  ==========================================================
 
-A null foreign key has no subscription (nothing on the right can change its result), but its
-instruction still produces a response, so a left join outputs the row with null right columns
-(KIP-962) and an inner join deletes a row whose fk became null (KAFKA-16407).
+A foreign key with any part null is no foreign key (:func:`normalized_fk`): nothing on the
+right can match it, so it has no subscription, but its instruction still produces a response,
+so a left join outputs the row with null right columns (KIP-962) and an inner join deletes a
+row whose fk became null (KAFKA-16407).
 
-The subscription table holds one row per CombinedKey (``fk_*`` columns, then ``pk_*``) with the
-hash of the left value it was made for. Old rows come from the left state as of the last
-checkpoint, so a rerun after a crash issues the same MERGE again, which changes nothing.
+The subscription table is merge-on-read, one appended row per instruction: ``fk_*, pk_*``
+(the CombinedKey), ``_lhs_hash`` (the left value it subscribes for), ``_subscribed`` (false
+for an unsubscribe) and ``_cdc_written`` (a counter that grows with every append). A
+CombinedKey's subscription is its row of greatest ``_cdc_written``, if subscribed
+(:func:`current`). Instructions derive from the left state as of the last completed run, so a
+rerun after a crash appends the same rows again, which changes no current subscription.
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Any
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import LongType, StructField, StructType
+from pyspark.sql.types import BooleanType, LongType, StructField, StructType
 
-from cdc_join.config import JoinConfig, JoinType, SourceConfig
-from cdc_join.state import DELETED, HASH
-from cdc_join.storage import MergeSpec, Storage
+from cdc_join.changeset import ChangeSet, collect, materialize
+from cdc_join.config import JoinConfig, JoinType, PipelineConfig, SourceConfig
+from cdc_join.schemas import quote, quoted
+from cdc_join.state import NEW, OLD
+from cdc_join.storage import Storage
+from cdc_join.storage.pruning import ScanStats, read_keyed
+from cdc_join.tables import (
+    DELETED,
+    HASH,
+    LHS_HASH,
+    RUN_ID,
+    SUBSCRIBED,
+    WRITTEN,
+    fk_columns,
+    pk_columns,
+    table_properties,
+)
 
-OLD = "_old"
-NEW = "_new"
-NEW_HASH = "_new_hash"
 INSTRUCTION = "_instruction"
-LHS_HASH = "_lhs_hash"
-RUN_ID = "_run_id"
 
 
 class Instruction(str, enum.Enum):
@@ -58,192 +72,260 @@ class Instruction(str, enum.Enum):
             Instruction.PROPAGATE_ONLY_IF_FK_VAL_AVAILABLE,
         )
 
-    @property
-    def propagates(self) -> bool:
-        """Whether the instruction yields a response (all but ``DELETE_KEY_NO_PROPAGATE``)."""
-        return self is not Instruction.DELETE_KEY_NO_PROPAGATE
+
+def normalized_fk(row: str, join: JoinConfig) -> Column:
+    """The foreign key of a left row (a struct column) as a struct of ``fk_*`` fields, or null
+    when the row is null or any part of its key is null: a partly null key names no right row.
+
+    Responses and the stale check both compare keys in this form, so a row whose key is
+    ``(1, null)`` is seen as having no key on both sides.
+    """
+    parts = [F.col(f"{row}.{quote(c)}") for c in join.foreign_key]
+    present = F.col(row).isNotNull()
+    for part in parts:
+        present = present & part.isNotNull()
+    named = [part.alias(f) for part, f in zip(parts, fk_columns(join), strict=True)]
+    return F.when(present, F.struct(*named))
 
 
-def fk_columns(join: JoinConfig) -> list[str]:
-    """The CombinedKey's foreign-key column names in the subscription table."""
-    return [f"fk_{c}" for c in join.foreign_key]
-
-
-def pk_columns(left: SourceConfig) -> list[str]:
-    """The CombinedKey's primary-key column names in the subscription table."""
-    return [f"pk_{c}" for c in left.primary_key]
-
-
-def subscription_schema(left: SourceConfig, join: JoinConfig, left_schema: StructType) -> StructType:
-    """``fk_* , pk_*, _lhs_hash, _run_id`` with the left columns' types."""
-    fields = [StructField(f"fk_{c}", left_schema[c].dataType, False) for c in join.foreign_key]
-    fields += [StructField(f"pk_{c}", left_schema[c].dataType, False) for c in left.primary_key]
-    return StructType(
-        [*fields, StructField(LHS_HASH, LongType(), True), StructField(RUN_ID, LongType(), True)]
-    )
-
-
-def _fk_of(image: str, join: JoinConfig) -> Column:
-    """The fk of an old/new image as a struct, or null if the image is absent or any part null."""
-    parts = [F.col(f"{image}.`{c}`") for c in join.foreign_key]
-    present = F.col(image).isNotNull()
-    for p in parts:
-        present = present & p.isNotNull()
-    return F.when(
-        present, F.struct(*[p.alias(f"fk_{c}") for p, c in zip(parts, join.foreign_key, strict=False)])
-    )
+def _live(image: str) -> Column:
+    """An old/new image column, null when absent or a tombstone."""
+    return F.when(F.col(image).isNotNull() & ~F.col(f"{image}.{DELETED}"), F.col(image))
 
 
 def instructions(changes: DataFrame, left: SourceConfig, join: JoinConfig) -> DataFrame:
-    """Turn left changes into subscription instructions for one join.
+    """Subscription instructions of one join for changed left keys.
 
     Args:
-        changes: one row per changed left key: the pk columns, ``_old`` and ``_new`` (structs of
-            the row's values, null when absent or deleted) and ``_new_hash``.
+        changes: one row per changed left key: the key columns, ``_old`` and ``_new`` (left
+            state rows, null when absent; tombstones count as absent).
         left: the left source.
         join: the join.
 
     Returns:
-        Rows ``pk_*, fk_* (null when there is no fk), _instruction, _lhs_hash``.
+        ``pk_*, fk_* (null when there is no fk), _instruction, _lhs_hash``.
     """
-    old_fk, new_fk = _fk_of(OLD, join), _fk_of(NEW, join)
+    frame = changes.select(*quoted(left.primary_key), _live(OLD).alias(OLD), _live(NEW).alias(NEW))
+    old_fk, new_fk = normalized_fk(OLD, join), normalized_fk(NEW, join)
+    was, now = F.col(OLD).isNotNull(), F.col(NEW).isNotNull()
     fk_changed = old_fk.isNotNull() & (new_fk.isNull() | (old_fk != new_fk))
     same_fk = (
         Instruction.PROPAGATE_NULL_IF_NO_FK_VAL_AVAILABLE
         if join.type is JoinType.LEFT
         else Instruction.PROPAGATE_ONLY_IF_FK_VAL_AVAILABLE
     )
+    no_hash = F.lit(None).cast("long")
     unsubscribe = F.when(
-        old_fk.isNotNull() & (F.col(NEW).isNull() | fk_changed),
-        F.struct(
-            old_fk.alias("fk"),
-            F.when(F.col(NEW).isNull(), F.lit(Instruction.DELETE_KEY_AND_PROPAGATE.value))
-            .otherwise(F.lit(Instruction.DELETE_KEY_NO_PROPAGATE.value))
-            .alias("instruction"),
-            F.lit(None).cast("long").alias("hash"),
+        old_fk.isNotNull() & (~now | fk_changed),
+        _message(
+            old_fk,
+            F.when(~now, _lit(Instruction.DELETE_KEY_AND_PROPAGATE)).otherwise(
+                _lit(Instruction.DELETE_KEY_NO_PROPAGATE)
+            ),
+            no_hash,
         ),
     )
     # A deleted row whose old fk was null had no subscription, but its output must still go.
     delete_without_fk = F.when(
-        old_fk.isNull() & F.col(OLD).isNotNull() & F.col(NEW).isNull(),
-        F.struct(
-            old_fk.alias("fk"),
-            F.lit(Instruction.DELETE_KEY_AND_PROPAGATE.value).alias("instruction"),
-            F.lit(None).cast("long").alias("hash"),
-        ),
+        old_fk.isNull() & was & ~now, _message(old_fk, _lit(Instruction.DELETE_KEY_AND_PROPAGATE), no_hash)
     )
     subscribe = F.when(
-        F.col(NEW).isNotNull(),
-        F.struct(
-            new_fk.alias("fk"),
-            F.when(fk_changed, F.lit(Instruction.PROPAGATE_NULL_IF_NO_FK_VAL_AVAILABLE.value))
-            .otherwise(F.lit(same_fk.value))
-            .alias("instruction"),
-            F.col(NEW_HASH).alias("hash"),
+        now,
+        _message(
+            new_fk,
+            F.when(fk_changed, _lit(Instruction.PROPAGATE_NULL_IF_NO_FK_VAL_AVAILABLE)).otherwise(
+                _lit(same_fk)
+            ),
+            F.col(f"{NEW}.{HASH}"),
         ),
     )
-    pks = [F.col(f"`{c}`").alias(f"pk_{c}") for c in left.primary_key]
-    messages = changes.select(*pks, F.explode(F.array(unsubscribe, delete_without_fk, subscribe)).alias("m"))
+    pks = [F.col(quote(c)).alias(p) for c, p in zip(left.primary_key, pk_columns(left), strict=True)]
+    messages = frame.select(*pks, F.explode(F.array(unsubscribe, delete_without_fk, subscribe)).alias("m"))
     return messages.filter(F.col("m").isNotNull()).select(
-        *[F.col(f"pk_{c}") for c in left.primary_key],
-        *[F.col(f"m.fk.fk_{c}").alias(f"fk_{c}") for c in join.foreign_key],
+        *pk_columns(left),
+        *[F.col(f"m.fk.{f}").alias(f) for f in fk_columns(join)],
         F.col("m.instruction").alias(INSTRUCTION),
         F.col("m.hash").alias(LHS_HASH),
     )
 
 
+def _message(fk: Column, instruction: Column, lhs_hash: Column) -> Column:
+    return F.struct(fk.alias("fk"), instruction.alias("instruction"), lhs_hash.alias("hash"))
+
+
+def _lit(instruction: Instruction) -> Column:
+    return F.lit(instruction.value)
+
+
+def subscription_schema(left: SourceConfig, join: JoinConfig, left_schema: StructType) -> StructType:
+    """``fk_*, pk_*, _lhs_hash, _subscribed, _run_id, _cdc_written`` with the left columns' types."""
+    fields = [
+        StructField(f, left_schema[c].dataType, False)
+        for c, f in zip(join.foreign_key, fk_columns(join), strict=True)
+    ]
+    fields += [
+        StructField(p, left_schema[c].dataType, False)
+        for c, p in zip(left.primary_key, pk_columns(left), strict=True)
+    ]
+    return StructType(
+        [
+            *fields,
+            StructField(LHS_HASH, LongType(), True),
+            StructField(SUBSCRIBED, BooleanType(), False),
+            StructField(RUN_ID, LongType(), False),
+            StructField(WRITTEN, LongType(), False),
+        ]
+    )
+
+
+def prepare(
+    storage: Storage, path: str, left: SourceConfig, join: JoinConfig, left_schema: StructType
+) -> None:
+    """Create the join's subscription table, or widen its key columns with the left table's."""
+    schema = subscription_schema(left, join, left_schema)
+    if not storage.create(path, schema, cdf=False, properties=table_properties("subscription")):
+        storage.evolve(path, schema)
+
+
 @dataclass(frozen=True)
-class SubscriptionReport:
-    """Counts of one subscription MERGE."""
+class Subscribed:
+    """Rows one append of instructions wrote."""
 
     subscribed: int
-    updated: int
     unsubscribed: int
-    version: int
 
 
-def apply_instructions(
+def append_instructions(
+    storage: Storage, path: str, messages: ChangeSet, left: SourceConfig, join: JoinConfig, run_id: int
+) -> Subscribed:
+    """Append the instructions that have a foreign key: subscribe new fks, unsubscribe old ones.
+
+    Rows are written in fk order, so each appended file holds a narrow fk range too.
+    """
+    fks = fk_columns(join)
+    keyed = messages.frame.filter(" AND ".join(f"{f} IS NOT NULL" for f in fks))
+    subscribes = F.col(INSTRUCTION).isin(
+        Instruction.PROPAGATE_NULL_IF_NO_FK_VAL_AVAILABLE.value,
+        Instruction.PROPAGATE_ONLY_IF_FK_VAL_AVAILABLE.value,
+    )
+    rows = keyed.select(
+        *fks,
+        *pk_columns(left),
+        F.when(subscribes, F.col(LHS_HASH)).alias(LHS_HASH),
+        subscribes.alias(SUBSCRIBED),
+        F.lit(run_id).cast("long").alias(RUN_ID),
+        F.lit(storage.version(path) + 1).cast("long").alias(WRITTEN),
+    ).orderBy(*fks, *pk_columns(left))
+    table = collect(rows)
+    if table.num_rows:
+        storage.append(path, rows)
+    subscribed = sum(1 for s in table.column(SUBSCRIBED).to_pylist() if s) if table.num_rows else 0
+    return Subscribed(subscribed, table.num_rows - subscribed)
+
+
+def current(
     storage: Storage,
     path: str,
-    messages: DataFrame,
-    left: SourceConfig,
     join: JoinConfig,
-    run_id: int,
-) -> SubscriptionReport:
-    """MERGE the instructions into the subscription table: unsubscribe old fks, subscribe new.
-
-    Instructions without a foreign key touch no subscription. Re-applying the same instructions
-    (a rerun after a crash) leaves the table as it is.
-    """
-    keyed = messages.filter(" AND ".join(f"fk_{c} IS NOT NULL" for c in join.foreign_key))
-    action = F.when(
-        F.col(INSTRUCTION).isin(
-            Instruction.DELETE_KEY_NO_PROPAGATE.value, Instruction.DELETE_KEY_AND_PROPAGATE.value
-        ),
-        F.lit("unsubscribe"),
-    ).otherwise(F.lit("subscribe"))
-    source = keyed.select(
-        *fk_columns(join),
-        *pk_columns(left),
-        LHS_HASH,
-        F.lit(run_id).cast("long").alias(RUN_ID),
-        action.alias("_action"),
-    )
-    on = " AND ".join(f"t.`{c}` = s.`{c}`" for c in [*fk_columns(join), *pk_columns(left)])
-    metrics = storage.merge(
-        path,
-        source,
-        MergeSpec(
-            on=on,
-            delete_condition="s._action = 'unsubscribe'",
-            update_condition=f"s._action = 'subscribe' AND (t.{LHS_HASH} IS DISTINCT FROM s.{LHS_HASH})",
-            insert_condition="s._action = 'subscribe'",
-            exclude_columns=("_action",),
-        ),
-    )
-    return SubscriptionReport(
-        subscribed=metrics.rows_inserted or 0,
-        updated=metrics.rows_updated or 0,
-        unsubscribed=metrics.rows_deleted or 0,
-        version=metrics.version,
-    )
+    left: SourceConfig,
+    version: int | None = None,
+    fks: ChangeSet | None = None,
+) -> tuple[DataFrame, ScanStats]:
+    """The current subscriptions (``fk_*, pk_*, _lhs_hash``), optionally only of the fks in
+    ``fks`` (a change set with ``fk_*`` columns), read with file skipping on the first fk."""
+    keys = fk_columns(join) + pk_columns(left)
+    if fks is None:
+        rows = storage.read(path, version)
+        stats = ScanStats(0, 0)
+    else:
+        on = [(f, f) for f in fk_columns(join)]
+        rows, stats = read_keyed(storage, path, fks.frame, on, version, fks.values(on[0][1]))
+    packed = F.struct(F.col(LHS_HASH), F.col(SUBSCRIBED))
+    newest = rows.groupBy(*keys).agg(F.max_by(packed, F.col(WRITTEN)).alias("__s"))
+    subscribed = newest.filter(F.col(f"__s.{SUBSCRIBED}"))
+    return subscribed.select(*keys, F.col(f"__s.{LHS_HASH}").alias(LHS_HASH)), stats
 
 
 def rebuild(
-    storage: Storage, path: str, left_state: DataFrame, left: SourceConfig, join: JoinConfig, run_id: int
+    storage: Storage, path: str, left_rows: DataFrame, left: SourceConfig, join: JoinConfig, run_id: int
 ) -> int:
     """Overwrite the subscription table with one row per live left row that has an fk.
 
-    Rows are written in fk order, so the files come out clustered by fk (each holds a narrow
-    fk range), which is what lets right-driven lookups skip files. Returns the rows written.
+    ``left_rows`` are current left state rows. Rows are written in fk order, so the files come
+    out clustered by fk, which is what lets right-driven lookups skip files. Returns the rows
+    written.
     """
-    fks, pks = fk_columns(join), pk_columns(left)
-    live = left_state.filter(~F.col(DELETED))
-    for c in join.foreign_key:
-        live = live.filter(F.col(f"`{c}`").isNotNull())
-    rows = live.select(
-        *[F.col(f"`{c}`").alias(f) for c, f in zip(join.foreign_key, fks, strict=True)],
-        *[F.col(f"`{c}`").alias(p) for c, p in zip(left.primary_key, pks, strict=True)],
-        F.col(HASH).alias(LHS_HASH),
-        F.lit(run_id).cast("long").alias(RUN_ID),
-    ).orderBy(*fks, *pks)
+    keyed = left_rows.filter(~F.col(DELETED)).select(F.struct(*quoted(left_rows.columns)).alias("row"))
+    fk = normalized_fk("row", join)
+    rows = (
+        keyed.filter(fk.isNotNull())
+        .select(
+            *[
+                F.col(f"row.{quote(c)}").alias(f)
+                for c, f in zip(join.foreign_key, fk_columns(join), strict=True)
+            ],
+            *[
+                F.col(f"row.{quote(c)}").alias(p)
+                for c, p in zip(left.primary_key, pk_columns(left), strict=True)
+            ],
+            F.col(f"row.{HASH}").alias(LHS_HASH),
+            F.lit(True).alias(SUBSCRIBED),
+            F.lit(run_id).cast("long").alias(RUN_ID),
+            F.lit(0).cast("long").alias(WRITTEN),
+        )
+        .orderBy(*fk_columns(join), *pk_columns(left))
+    )
     return storage.overwrite(path, rows).rows_inserted or 0
 
 
-def remove_subscriptions(
-    storage: Storage, path: str, stale: DataFrame, left: SourceConfig, join: JoinConfig
+def unsubscribe(
+    storage: Storage, path: str, orphans: DataFrame, left: SourceConfig, join: JoinConfig, run_id: int
 ) -> int:
-    """Delete leftover subscriptions (CombinedKeys whose left row no longer has that fk/hash)."""
-    on = " AND ".join(f"t.`{c}` = s.`{c}`" for c in [*fk_columns(join), *pk_columns(left)])
-    source = stale.select(*fk_columns(join), *pk_columns(left), LHS_HASH)
-    metrics = storage.merge(
-        path,
-        source,
-        MergeSpec(
-            on=on + f" AND (t.{LHS_HASH} IS NOT DISTINCT FROM s.{LHS_HASH})",
-            update=False,
-            insert=False,
-            delete_condition="true",
-        ),
-    )
-    return metrics.rows_deleted or 0
+    """Append unsubscribes for leftover subscriptions (``fk_*, pk_*`` of ``orphans``)."""
+    rows = orphans.select(
+        *fk_columns(join),
+        *pk_columns(left),
+        F.lit(None).cast("long").alias(LHS_HASH),
+        F.lit(False).alias(SUBSCRIBED),
+        F.lit(run_id).cast("long").alias(RUN_ID),
+        F.lit(storage.version(path) + 1).cast("long").alias(WRITTEN),
+    ).distinct()
+    table = collect(rows)
+    if table.num_rows:
+        storage.append(path, rows)
+    return table.num_rows
+
+
+def compact(storage: Storage, path: str, join: JoinConfig, left: SourceConfig, run_id: int) -> int:
+    """Rewrite the table with its current subscriptions only, in fk order (maintenance)."""
+    version = storage.version(path)
+    live, _ = current(storage, path, join, left, version)
+    rows = live.select(
+        *fk_columns(join),
+        *pk_columns(left),
+        LHS_HASH,
+        F.lit(True).alias(SUBSCRIBED),
+        F.lit(run_id).cast("long").alias(RUN_ID),
+        F.lit(version + 1).cast("long").alias(WRITTEN),
+    ).orderBy(*fk_columns(join), *pk_columns(left))
+    return storage.overwrite(path, rows, expected_version=version).rows_inserted or 0
+
+
+def subscribe(
+    storage: Storage, config: PipelineConfig, join: JoinConfig, left_changes: ChangeSet, run_id: int
+) -> tuple[ChangeSet | None, dict[str, Any]]:
+    """One join's subscription step of a run: instructions for the changed left keys, appended
+    to the subscription table. Returns the instructions (``None`` when no left key changed)
+    and the report's counts."""
+    path, left = config.subscription_path(join), config.left_source
+    prepare(storage, path, left, join, storage.schema(config.state_path(config.left)))
+    if not left_changes.rows:
+        return None, {"instructions": {}}
+    messages = materialize(instructions(left_changes.frame, left, join))
+    written = append_instructions(storage, path, messages, left, join, run_id)
+    counts = {
+        "instructions": messages.value_counts(INSTRUCTION),
+        "subscribed": written.subscribed,
+        "unsubscribed": written.unsubscribed,
+    }
+    return messages, counts

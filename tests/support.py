@@ -62,3 +62,17 @@ def silver_rows(pipeline: Pipeline, columns: list[str] | None = None) -> set[tup
         return set()
     cols = columns or [name for name, _ in cfg.select]
     return {tuple(r) for r in pipeline.storage.read(cfg.silver_path).select(*cols).collect()}
+
+
+def subscriptions(pipeline: Pipeline, join_index: int = 0) -> set[tuple]:
+    """The current subscriptions of a join as ``(fk…, pk…)`` tuples."""
+    from cdc_join.subscription import current
+    from cdc_join.tables import fk_columns, pk_columns
+
+    join = pipeline.config.joins[join_index]
+    path = pipeline.config.subscription_path(join)
+    if not pipeline.storage.exists(path):
+        return set()
+    rows, _ = current(pipeline.storage, path, join, pipeline.config.left_source)
+    cols = [*fk_columns(join), *pk_columns(pipeline.config.left_source)]
+    return {tuple(r) for r in rows.select(*cols).collect()}

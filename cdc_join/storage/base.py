@@ -22,6 +22,10 @@ Rules every backend follows (the contract tests in ``tests/contract`` check them
   :class:`MergeSpec` in the order delete, update, insert, and returns its metrics.
   Conditions are SQL over ``s.`` and ``t.`` that both Spark SQL and DataFusion accept: plain
   comparisons, ``AND``/``OR``/``NOT``, ``IS NULL``, ``IS DISTINCT FROM``.
+- ``append``, ``overwrite`` and ``merge`` take ``expected_version``: the write commits only if
+  the table is still at that version, else it raises
+  :class:`~cdc_join.errors.ConcurrentRunError` (another writer committed first). This is how
+  a run makes sure nothing else wrote silver or the run log while it worked.
 - ``evolve`` grows a table's schema to hold ``schema`` by :mod:`cdc_join.schemas`' rules: new
   columns (nested ones too) are added, widened types change in place where the backend can
   (Delta type widening) and by rewriting the table once where it cannot. It returns whether
@@ -135,11 +139,15 @@ class Storage(Protocol):
 
     def read_changes(self, path: str, start_version: int, end_version: int | None = None) -> DataFrame: ...
 
-    def append(self, path: str, df: DataFrame, *, merge_schema: bool = False) -> WriteMetrics: ...
+    def append(
+        self, path: str, df: DataFrame, *, merge_schema: bool = False, expected_version: int | None = None
+    ) -> WriteMetrics: ...
 
-    def overwrite(self, path: str, df: DataFrame) -> WriteMetrics: ...
+    def overwrite(self, path: str, df: DataFrame, *, expected_version: int | None = None) -> WriteMetrics: ...
 
-    def merge(self, path: str, source: DataFrame, spec: MergeSpec) -> WriteMetrics: ...
+    def merge(
+        self, path: str, source: DataFrame, spec: MergeSpec, *, expected_version: int | None = None
+    ) -> WriteMetrics: ...
 
     def delete(self, path: str, predicate: str | None = None) -> WriteMetrics: ...
 

@@ -59,7 +59,7 @@ from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable, QueryBuilder, write_deltalake
+from deltalake import CommitProperties, DeltaTable, QueryBuilder, write_deltalake
 from deltalake import Schema as DeltaSchema
 from deltalake.exceptions import DeltaError
 from pyspark.sql import DataFrame, SparkSession
@@ -77,7 +77,7 @@ from pyspark.sql.types import (
 )
 
 from cdc_join.changeset import arrow_of
-from cdc_join.errors import StorageError
+from cdc_join.errors import ConcurrentRunError, StorageError
 from cdc_join.schemas import changed_types, conform, merge_schemas
 from cdc_join.storage.base import FileStats, MergeSpec, WriteMetrics, is_table_name
 
@@ -99,6 +99,10 @@ def _delta_errors(action: str, path: str) -> Iterator[None]:
     except StorageError:
         raise
     except DeltaError as exc:
+        if type(exc).__name__ == "CommitFailedError":
+            raise ConcurrentRunError(
+                f"could not {action} the Delta table at {path}: another writer committed to it first ({exc})"
+            ) from exc
         raise StorageError(f"delta-rs could not {action} the Delta table at {path}: {exc}") from exc
     except BaseException as exc:
         # A Rust panic surfaces as pyo3_runtime.PanicException, which derives from BaseException
@@ -106,6 +110,15 @@ def _delta_errors(action: str, path: str) -> Iterator[None]:
         if type(exc).__name__ == "PanicException":
             raise StorageError(f"delta-rs failed to {action} the Delta table at {path}: {exc}") from exc
         raise
+
+
+def _guard(expected_version: int | None) -> CommitProperties | None:
+    """Commit properties that make a write fail if the table moved past ``expected_version``.
+
+    The table is loaded at that version and the commit may not be retried on a newer one, so
+    a concurrent writer that committed first makes this write fail (optimistic concurrency).
+    """
+    return None if expected_version is None else CommitProperties(max_commit_retries=0)
 
 
 def _strip_file_scheme(uri: str) -> str:
@@ -579,9 +592,11 @@ class DeltaRsStorage:
         # createDataFrame casts every column (string_view, binary_view, ...) to out_schema's types.
         return self.spark.createDataFrame(arrow, out_schema)
 
-    def append(self, path: str, df: DataFrame, *, merge_schema: bool = False) -> WriteMetrics:
+    def append(
+        self, path: str, df: DataFrame, *, merge_schema: bool = False, expected_version: int | None = None
+    ) -> WriteMetrics:
         """Append ``df``; with ``merge_schema`` its new columns are added to the table."""
-        dt = self._load(path)
+        dt = self._load(path, expected_version)
         before_version, before = dt.version(), self._file_records(dt, path)
         data = self._source_arrow(df, pa.schema(dt.schema().to_arrow()))
         with _delta_errors("append to", path):
@@ -591,25 +606,34 @@ class DeltaRsStorage:
                 mode="append",
                 schema_mode="merge" if merge_schema else None,
                 storage_options=self.storage_options,
+                commit_properties=_guard(expected_version),
             )
         metrics = self._metrics_after(path, before_version, before)
         return replace(metrics, rows_inserted=_to_int(metrics.extra["metrics"].get("num_added_rows")))
 
-    def overwrite(self, path: str, df: DataFrame) -> WriteMetrics:
+    def overwrite(self, path: str, df: DataFrame, *, expected_version: int | None = None) -> WriteMetrics:
         """Replace every row of the table with ``df`` (same schema)."""
-        dt = self._load(path)
+        dt = self._load(path, expected_version)
         before_version, before = dt.version(), self._file_records(dt, path)
         data = self._source_arrow(df, pa.schema(dt.schema().to_arrow()))
         with _delta_errors("overwrite", path):
-            write_deltalake(dt, data, mode="overwrite", storage_options=self.storage_options)
+            write_deltalake(
+                dt,
+                data,
+                mode="overwrite",
+                storage_options=self.storage_options,
+                commit_properties=_guard(expected_version),
+            )
         metrics = self._metrics_after(path, before_version, before, count_removed_rows=True)
         return replace(metrics, rows_inserted=_to_int(metrics.extra["metrics"].get("num_added_rows")))
 
-    def merge(self, path: str, source: DataFrame, spec: MergeSpec) -> WriteMetrics:
+    def merge(
+        self, path: str, source: DataFrame, spec: MergeSpec, *, expected_version: int | None = None
+    ) -> WriteMetrics:
         """MERGE ``source`` (materialized as Arrow first) into the table as ``spec`` says."""
         if spec.delete_condition is None and not spec.update and not spec.insert:
             raise ValueError("MergeSpec has no clause: set delete_condition, update or insert")
-        dt = self._load(path)
+        dt = self._load(path, expected_version)
         before_version, before = dt.version(), self._file_records(dt, path)
         target = pa.schema(dt.schema().to_arrow())
         # toArrow() runs the source once, here, so the merge never re-evaluates it.
@@ -631,6 +655,7 @@ class DeltaRsStorage:
                 merge_schema=spec.merge_schema and bool(new_columns),
                 # The source is in memory: let delta-rs use its statistics to prune target files.
                 streamed_exec=False,
+                commit_properties=_guard(expected_version),
             )
             if spec.delete_condition is not None:
                 merger = merger.when_matched_delete(spec.delete_condition)

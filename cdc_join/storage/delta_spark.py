@@ -66,7 +66,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from cdc_join.errors import StorageError
+from cdc_join.errors import ConcurrentRunError, StorageError
 from cdc_join.schemas import changed_types, conform, merge_schemas
 from cdc_join.storage.base import FileStats, MergeSpec, WriteMetrics, is_table_name, quote_table_name
 from cdc_join.storage.delta_rs import normalize_history_entry, stat_upper_bound
@@ -511,8 +511,11 @@ class DeltaSparkStorage:
             changes = feed.drop(_COMMIT_TIMESTAMP)
         return changes.where(F.lit(False)) if empty else changes
 
-    def append(self, path: str, df: DataFrame, *, merge_schema: bool = False) -> WriteMetrics:
+    def append(
+        self, path: str, df: DataFrame, *, merge_schema: bool = False, expected_version: int | None = None
+    ) -> WriteMetrics:
         """Append ``df``; with ``merge_schema`` its new columns are added to the table."""
+        self._check_version(path, expected_version)
         before = self._file_set(path)
         writer = df.write.format("delta").mode("append")
         if merge_schema:
@@ -521,8 +524,9 @@ class DeltaSparkStorage:
             self._save(writer, path)
         return self._metrics_after(path, before, {"rows_inserted": "numOutputRows"})
 
-    def overwrite(self, path: str, df: DataFrame) -> WriteMetrics:
+    def overwrite(self, path: str, df: DataFrame, *, expected_version: int | None = None) -> WriteMetrics:
         """Replace every row of the table with ``df`` (same schema)."""
+        self._check_version(path, expected_version)
         before = self._file_set(path)
         with _spark_errors("overwrite", path):
             self._save(df.write.format("delta").mode("overwrite"), path)
@@ -530,10 +534,13 @@ class DeltaSparkStorage:
             path, before, {"rows_inserted": "numOutputRows", "rows_deleted": "numDeletedRows"}
         )
 
-    def merge(self, path: str, source: DataFrame, spec: MergeSpec) -> WriteMetrics:
+    def merge(
+        self, path: str, source: DataFrame, spec: MergeSpec, *, expected_version: int | None = None
+    ) -> WriteMetrics:
         """MERGE ``source`` (materialized first) into the table as ``spec`` says."""
         if spec.delete_condition is None and not spec.update and not spec.insert:
             raise ValueError("MergeSpec has no clause: set delete_condition, update or insert")
+        self._check_version(path, expected_version)
         table = self._delta_table(path)
         before = self._file_set(path)
         target_columns = self._snapshot(path).columns
@@ -614,6 +621,18 @@ class DeltaSparkStorage:
                 empty = self.spark.createDataFrame([], target)
                 self._save(empty.write.format("delta").mode("append").option("mergeSchema", "true"), path)
         return True
+
+    def _check_version(self, path: str, expected_version: int | None) -> None:
+        """Refuse a write when the table moved past ``expected_version``.
+
+        delta-spark always commits against the latest snapshot, so this is a check right
+        before the write; Delta's own conflict detection covers writers racing inside it.
+        """
+        if expected_version is not None and self.version(path) != expected_version:
+            raise ConcurrentRunError(
+                f"the Delta table at {path} moved past version {expected_version}: another writer "
+                "committed to it first"
+            )
 
     def _table_property(self, path: str, name: str) -> str | None:
         rows = self.spark.sql(f"SHOW TBLPROPERTIES {self._sql_ref(path)}").collect()

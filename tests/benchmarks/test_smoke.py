@@ -42,7 +42,7 @@ def test_benchmark_runs_end_to_end_and_outputs_agree(tmp_path, spark, storage):
     assert batch["plan"] == "incremental"
     assert batch["subscription_files_total"] >= batch["subscription_files_scanned"] > 0
     subscriptions = [a for a in result["optimize"]["actions"] if "/subscription/" in a["path"]]
-    assert subscriptions and all(a["action"] == "zorder" for a in subscriptions)
+    assert subscriptions and all(a["action"] == "compact" for a in subscriptions)
     config = load_config(tmp_path / "sf0.001" / "pipeline.yml")
     assert all("action" in a for a in optimize_pipeline(storage, config))  # the policy on a healthy lake
     json.dumps(result, default=str)

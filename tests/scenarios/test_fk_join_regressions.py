@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from cdc_join.subscription import fk_columns, pk_columns
-from tests.support import make_pipeline, silver_rows
+from tests.support import make_pipeline, silver_rows, subscriptions
 
 
 class Lsn:
@@ -16,10 +15,7 @@ class Lsn:
 
 
 def _subscriptions(pipeline) -> set[tuple]:
-    join = pipeline.config.joins[0]
-    path = pipeline.config.subscription_path(join)
-    cols = [*fk_columns(join), *pk_columns(pipeline.config.left_source)]
-    return {tuple(r) for r in pipeline.storage.read(path).select(*cols).collect()}
+    return subscriptions(pipeline)
 
 
 def _silver_changes(pipeline, since_version: int):

@@ -9,32 +9,31 @@ from __future__ import annotations
 
 from pyspark.sql import functions as F
 
-from cdc_join import lookup, resolve
-from cdc_join.subscription import LHS_HASH, fk_columns, pk_columns
-from tests.support import make_pipeline, silver_rows
+from cdc_join import lookup, resolve, state
+from cdc_join.changeset import materialize
+from cdc_join.tables import LHS_HASH, WRITTEN
+from tests.support import make_pipeline, silver_rows, subscriptions
 
 
 def _responses_for_right_key(pipeline, key: int):
     cfg, store = pipeline.config, pipeline.storage
     join = cfg.joins[0]
-    changed = pipeline.spark.createDataFrame([(key,)], "fk_fk long")
-    responses, _, _ = lookup.right_driven_responses(
-        store,
-        cfg.subscription_path(join),
-        None,
-        cfg.state_path("rhs"),
-        None,
-        changed,
-        cfg.left_source,
-        join,
-        cfg.sources["rhs"],
-    )
+    changed = materialize(pipeline.spark.createDataFrame([(key,)], "fk_fk long"))
+    path = cfg.subscription_path(join)
+    responses, _ = lookup.right_driven(store, path, store.version(path), changed, cfg.left_source, join)
     return responses.cache()
+
+
+def _check(pipeline, responses):
+    """The stale check of ``responses`` against the current left rows: (valid, stale) counts."""
+    cfg = pipeline.config
+    left_rows = state.read_current(pipeline.storage, cfg.state_path("lhs"), cfg.left_source.primary_key)
+    checked = resolve.check(responses, left_rows, cfg, cfg.joins[0])
+    return checked.filter(~F.col(resolve.STALE)).count(), checked.filter(F.col(resolve.STALE)).count()
 
 
 def test_response_for_an_old_left_value_is_rejected_by_the_hash_check(tmp_path, spark, storage):
     pipeline, w = make_pipeline(tmp_path, spark, storage, join_type="inner")
-    cfg = pipeline.config
     w.write("rhs", [w.upsert("rhs", {"id": 7, "value": "bar"}, 1)])  # 1- RHS is updated to Y|bar
     w.write("lhs", [w.upsert("lhs", {"id": "A", "fk": 7, "v": 1}, 2)])  # 2- LHS is updated to A|Y,1
     pipeline.run()
@@ -45,14 +44,8 @@ def test_response_for_an_old_left_value_is_rejected_by_the_hash_check(tmp_path, 
     pipeline.run()
     assert silver_rows(pipeline) == {("A", 7, 2, "bar")}
 
-    left_state = storage.read(cfg.state_path("lhs"))
-    stale = resolve.check_responses(in_flight, left_state, cfg, cfg.joins[0])  # 5- LHS processes it
-    assert stale.valid.count() == 0
-    assert stale.stale.count() == 1
-
-    fresh = resolve.check_responses(_responses_for_right_key(pipeline, 7), left_state, cfg, cfg.joins[0])
-    assert fresh.valid.count() == 1
-    assert fresh.stale.count() == 0
+    assert _check(pipeline, in_flight) == (0, 1)  # 5- LHS processes it: stale, discarded
+    assert _check(pipeline, _responses_for_right_key(pipeline, 7)) == (1, 0)
 
 
 def test_leftover_subscription_of_a_crashed_run_is_dropped_as_stale_and_removed(tmp_path, spark, storage):
@@ -67,20 +60,18 @@ def test_leftover_subscription_of_a_crashed_run_is_dropped_as_stale_and_removed(
     # A leftover CombinedKey(1, k): as if a run died after subscribing k to fk 1.
     sub_path = cfg.subscription_path(join)
     current = storage.read(sub_path)
-    leftover = current.withColumn("fk_fk", F.lit(1).cast("long")).withColumn(
-        LHS_HASH, F.lit(12345).cast("long")
+    leftover = (
+        current.withColumn("fk_fk", F.lit(1).cast("long"))
+        .withColumn(LHS_HASH, F.lit(12345).cast("long"))
+        .withColumn(WRITTEN, F.lit(storage.version(sub_path) + 1).cast("long"))
     )
     storage.append(sub_path, leftover)
-    assert storage.read(sub_path).count() == 2
+    assert subscriptions(pipeline) == {(1, "k"), (2, "k")}
 
     w.write("rhs", [w.upsert("rhs", {"id": 1, "value": "one, renamed"}, 4)])
     report = pipeline.run()
     assert report.steps["resolve"]["stale_dropped"] == 1
     assert report.steps["cleanup"]["stale_subscriptions_removed"] == 1
     assert silver_rows(pipeline) == {("k", 2, 1, "two")}
-    remaining = {
-        tuple(r)
-        for r in storage.read(sub_path).select(*fk_columns(join), *pk_columns(cfg.left_source)).collect()
-    }
-    assert remaining == {(2, "k")}
+    assert subscriptions(pipeline) == {(2, "k")}
     assert pipeline.verify().ok

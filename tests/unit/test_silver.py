@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cdc_join.silver import merge_into_silver, only_changes
+from cdc_join import silver
 from tests.support import make_pipeline
 
 SCHEMA = (
@@ -13,6 +13,15 @@ SCHEMA = (
 
 def _rows(spark, *rows):
     return spark.createDataFrame(list(rows), SCHEMA)
+
+
+def merge_into_silver(storage, cfg, rows):
+    version = storage.version(cfg.silver_path) if storage.exists(cfg.silver_path) else None
+    silver.merge(storage, cfg, rows, expected_version=silver.prepare(storage, cfg, rows, version))
+
+
+def only_changes(storage, cfg, rows):
+    return silver.differences(storage, cfg, rows)
 
 
 def test_only_changes_keeps_what_the_merge_would_act_on(tmp_path, spark, storage):
@@ -47,10 +56,32 @@ def test_only_changes_keeps_what_the_merge_would_act_on(tmp_path, spark, storage
     assert silver == {("a", 10), ("b", 21), ("c", 30), ("e", 50)}
 
 
-def test_only_changes_passes_everything_before_silver_exists(tmp_path, spark, storage):
+def test_only_changes_passes_every_upsert_before_silver_exists(tmp_path, spark, storage):
     pipeline, _ = make_pipeline(tmp_path, spark, storage)
-    rows = _rows(spark, ("a", "a", 1, 10, "x", "1", "1", 1, "upsert"))
-    assert only_changes(storage, pipeline.config, rows) is rows
+    rows = _rows(
+        spark, ("a", "a", 1, 10, "x", "1", "1", 1, "upsert"), ("b", "b", 1, 10, "x", "1", "1", 1, "delete")
+    )
+    kept = {(r["_pk_id"], r["_action"]) for r in only_changes(storage, pipeline.config, rows).collect()}
+    assert kept == {("a", "upsert")}
+
+
+def test_a_recompute_deletes_silver_rows_whose_key_it_does_not_have(tmp_path, spark, storage):
+    """A silver row written by hand (or by an old bug) has no source row: the differences of a
+    recompute delete it, so a full refresh repairs extra rows too."""
+    pipeline, _ = make_pipeline(tmp_path, spark, storage)
+    cfg = pipeline.config
+    merge_into_silver(
+        storage,
+        cfg,
+        _rows(
+            spark,
+            ("a", "a", 1, 10, "x", "1", "1", 1, "upsert"),
+            ("zz", "zz", 9, 9, "?", "1", "1", 1, "upsert"),
+        ),
+    )
+    whole_join = _rows(spark, ("a", "a", 1, 10, "x", "1", "1", 2, "upsert"))
+    kept = {(r["_pk_id"], r["_action"]) for r in only_changes(storage, cfg, whole_join).collect()}
+    assert kept == {("zz", "delete")}
 
 
 def test_full_refresh_of_unchanged_sources_writes_no_silver_rows(tmp_path, spark, storage):

@@ -1,0 +1,136 @@
+"""Keyed reads that skip data files by their statistics: the batch form of a RocksDB prefix seek.
+
+Every hop that needs "the rows of this table whose key is one of these" (old and new images of
+changed keys, subscribers of changed right keys, right rows named by foreign keys) reads
+through :func:`read_keyed`. It keeps only the data files whose min/max statistics of the first
+key column can hold one of the wanted values, then semi-joins the rows with the wanted keys.
+Tables clustered by that column (subscriptions by fk, state by primary key) therefore cost a
+lookup in proportion to the keys, not to the table.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import StringType, StructField, StructType
+
+from cdc_join.storage.base import FileStats, Storage
+
+#: Up to this many distinct wanted values are matched against file ranges on the driver; more
+#: are range-joined in Spark. Either way only candidate paths (bounded by files) come back.
+DRIVER_PRUNING_KEYS = 10_000
+
+
+@dataclass(frozen=True)
+class ScanStats:
+    """Files a keyed read opened, of how many."""
+
+    files_scanned: int
+    files_total: int
+
+    def __add__(self, other: ScanStats) -> ScanStats:
+        return ScanStats(self.files_scanned + other.files_scanned, self.files_total + other.files_total)
+
+
+def read_keyed(
+    storage: Storage,
+    path: str,
+    keys: DataFrame,
+    on: Sequence[tuple[str, str]],
+    version: int | None = None,
+    values: Sequence[Any] | None = None,
+) -> tuple[DataFrame, ScanStats]:
+    """Rows of the table at ``path`` whose columns equal a row of ``keys`` (null-safe).
+
+    Args:
+        storage: the storage seam.
+        path: the table.
+        keys: the wanted keys (may hold duplicates).
+        on: pairs ``(table column, keys column)``; the first pair drives file skipping.
+        version: read this version instead of the latest.
+        values: the distinct values of the first keys column when the caller has them on the
+            driver already (a materialized change set); saves the Spark job that collects them.
+
+    Returns:
+        The matching rows and how many files were scanned out of how many.
+    """
+    files = storage.files(path, version)
+    selected = candidate_files(storage, path, version, files, keys, on[0], values)
+    table = storage.read(path, version, files=selected) if selected else storage.read(path, version).limit(0)
+    wanted = keys.select(*[F.col(f"`{k}`").alias(f"__key{i}") for i, (_, k) in enumerate(on)]).distinct()
+    condition = [table[f"`{t}`"].eqNullSafe(wanted[f"__key{i}"]) for i, (t, _) in enumerate(on)]
+    return table.join(F.broadcast(wanted), condition, "left_semi"), ScanStats(len(selected), len(files))
+
+
+def candidate_files(
+    storage: Storage,
+    path: str,
+    version: int | None,
+    files: list[FileStats],
+    keys: DataFrame,
+    first: tuple[str, str],
+    values: Sequence[Any] | None,
+) -> list[str]:
+    """Paths of the files whose [min, max] of the first key column may hold a wanted value."""
+    if len(files) <= 1:
+        return [f.path for f in files]
+    column, key_column = first
+    ranged = [
+        f for f in files if f.min_values.get(column) is not None and f.max_values.get(column) is not None
+    ]
+    unranged = {f.path for f in files} - {f.path for f in ranged}
+    if not ranged:
+        return sorted(unranged)
+    if values is None or len(values) > DRIVER_PRUNING_KEYS:
+        data_type = storage.schema(path)[column].dataType
+        wanted = keys.select(F.col(f"`{key_column}`").cast(data_type).alias("k")).distinct()
+        few = wanted.limit(DRIVER_PRUNING_KEYS + 1).collect() if values is None else None
+        if few is not None and len(few) <= DRIVER_PRUNING_KEYS:
+            values = [r.k for r in few]
+        else:
+            return _range_join(storage, ranged, unranged, wanted, column, data_type)
+    ordered = sorted({v for v in values if v is not None}, key=_sort_key)
+    return sorted(unranged | {f.path for f in ranged if _holds_any(f, column, ordered)})
+
+
+def _range_join(
+    storage: Storage,
+    ranged: list[FileStats],
+    unranged: set[str],
+    wanted: DataFrame,
+    column: str,
+    data_type: Any,
+) -> list[str]:
+    """Candidate files for many wanted keys: a broadcast range join of file bounds in Spark."""
+    ranges = storage.spark.createDataFrame(
+        [(f.path, f.min_values[column], f.max_values[column]) for f in ranged],
+        StructType(
+            [StructField("path", StringType()), StructField("lo", data_type), StructField("hi", data_type)]
+        ),
+    )
+    hits = F.broadcast(ranges).join(wanted, (wanted.k >= ranges.lo) & (wanted.k <= ranges.hi))
+    return sorted(unranged | {r.path for r in hits.select("path").distinct().collect()})
+
+
+def _sort_key(value: object) -> tuple[str, object]:
+    return (type(value).__name__, value)
+
+
+def _holds_any(file: FileStats, column: str, values: list) -> bool:
+    """Whether a sorted list of keys has one inside the file's range (bisect; True if unsure)."""
+    lo, hi = file.min_values[column], file.max_values[column]
+    try:
+        i = bisect.bisect_left(values, lo)
+        return i < len(values) and values[i] <= hi
+    except TypeError:
+        return True
+
+
+def files_where(files: list[FileStats], column: str, *, above: Any) -> list[str]:
+    """Paths of the files whose maximum of ``column`` exceeds ``above`` (no statistics: kept)."""
+    return [f.path for f in files if f.max_values.get(column) is None or f.max_values[column] > above]
