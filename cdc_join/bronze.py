@@ -27,7 +27,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
 from cdc_join.config import PipelineConfig
-from cdc_join.errors import SourceNotReadyError
+from cdc_join.errors import SourceNotReadyError, StorageError
 from cdc_join.report import RunReport
 from cdc_join.runlog import Checkpoint
 from cdc_join.schemas import parse_type
@@ -115,8 +115,20 @@ def increment(
         return storage.read(path, end)
     if start >= end:
         return None
-    changes = storage.read_changes(path, start + 1, end)
-    return changes.filter(F.col("_change_type") == "insert").drop("_change_type", "_commit_version")
+    try:
+        changes = storage.read_changes(path, start + 1, end)
+        return changes.filter(F.col("_change_type") == "insert").drop("_change_type", "_commit_version")
+    except StorageError:
+        pass
+    # No change feed (a bronze table another tool writes without one, or its history is gone):
+    # the files added since the checkpoint hold the new rows of an append-only table. Rows of
+    # rewritten files come again, which applying state tolerates (it keeps the newest per key).
+    try:
+        seen = {f.path for f in storage.files(path, start)}
+        added = [f.path for f in storage.files(path, end) if f.path not in seen]
+    except StorageError:
+        return storage.read(path, end)  # not even the checkpoint's version is left: reapply all
+    return storage.read(path, end, files=added) if added else None
 
 
 def empty(storage: Storage, config: PipelineConfig, name: str, version: int) -> DataFrame:

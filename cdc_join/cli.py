@@ -1,26 +1,92 @@
-"""``cdc-join``: a thin argparse shim over :class:`cdc_join.pipeline.Pipeline`."""
+"""cdc-join: keep a denormalized Delta table up to date from Debezium change feeds.
+
+Exit codes, for schedulers:
+
+  0  done
+  1  verify found differences, or a quality check of severity fail failed
+  2  the configuration (pipeline YAML, options, CDC_JOIN_STORAGE) is invalid
+  3  a data problem: events were quarantined or a type changed (see 'cdc-join quarantine'),
+     or a source the join needs has no events yet
+  4  another run holds the pipeline (try again when it is done)
+  5  a storage or internal error
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import sys
-from collections.abc import Sequence
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
 
+from cdc_join import __version__
 from cdc_join.cost import PLANS
-from cdc_join.errors import CdcJoinError
+from cdc_join.errors import CdcJoinError, ConcurrentRunError, ConfigError, InputError
+
+OK, DIFFERENCES, CONFIG_ERROR, DATA_PROBLEM, BUSY, FAILURE = 0, 1, 2, 3, 4, 5
+STORAGES = ("auto", "delta-rs", "delta-spark")
+
+
+def _global_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
+    """Options accepted before and after the command (``cdc-join run --storage delta-rs p.yml``)."""
+    value = (lambda v: v) if defaults else (lambda v: argparse.SUPPRESS)
+    parser.add_argument(
+        "--storage",
+        choices=STORAGES,
+        default=value(None),
+        help="storage backend (default: $CDC_JOIN_STORAGE, else auto)",
+    )
+    parser.add_argument(
+        "--lake",
+        default=value(None),
+        help="root folder or URI of the pipeline's tables, instead of the config's 'lake'",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        default=value(False),
+        help="print the report as one JSON document on stdout",
+    )
+    parser.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        default=value(False),
+        help="print only errors and the final result",
+    )
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", default=value(False), help="print every count of every step"
+    )
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        default=value(False),
+        help="print the full error and stack trace on failure",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cdc-join", description=__doc__)
-    parser.add_argument(
-        "--storage",
-        choices=["auto", "delta-rs", "delta-spark"],
-        default=None,
-        help="storage backend (default: $CDC_JOIN_STORAGE or auto)",
+    parser = argparse.ArgumentParser(
+        prog="cdc-join",
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="ingest new landing files, then one incremental join run")
-    run.add_argument("config", help="pipeline YAML")
+    parser.add_argument("--version", action="version", version=f"cdc-join {__version__}")
+    _global_options(parser, defaults=True)
+    common = argparse.ArgumentParser(add_help=False)
+    _global_options(common, defaults=False)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, text: str) -> argparse.ArgumentParser:
+        cmd = sub.add_parser(name, help=text, description=text, parents=[common])
+        if name != "demo":
+            cmd.add_argument("config", help="the pipeline YAML")
+        return cmd
+
+    run = command("run", "ingest new landing files, then one join run")
     run.add_argument(
         "--no-ingest", action="store_true", help="skip ingest (bronze is filled by another tool)"
     )
@@ -28,73 +94,166 @@ def build_parser() -> argparse.ArgumentParser:
         "--plan",
         choices=PLANS,
         default="auto",
-        help="auto: the cost rule picks; or force an incremental run or a recompute of the join",
+        help="auto lets the cost rule pick; incremental or recompute force one",
     )
-    full = sub.add_parser("full-refresh", help="rebuild state, subscriptions and silver from bronze")
-    full.add_argument("config")
-    verify = sub.add_parser("verify", help="compare silver with a full recompute; exit 1 on any difference")
-    verify.add_argument("config")
-    verify.add_argument("--repair", action="store_true", help="fix silver in place when it differs")
-    check = sub.add_parser(
-        "check", help="data-quality checks on the silver rows a run touched; exit 1 when a 'fail' check fails"
+    command("full-refresh", "rebuild state, subscriptions and silver from bronze")
+    verify = command("verify", "compare silver with a recompute from bronze; exit 1 on a difference")
+    verify.add_argument(
+        "--repair", action="store_true", help="when it differs, run a full refresh and check again"
     )
-    check.add_argument("config")
+    verify.add_argument(
+        "--from",
+        dest="source",
+        choices=("bronze", "state"),
+        default="bronze",
+        help="recompute from bronze (default), or from the state tables: faster, blind to damaged state",
+    )
+    check = command(
+        "check", "data-quality checks on the silver rows a run touched; exit 1 when a fail check fails"
+    )
     check.add_argument("--run-id", type=int, default=None, help="the run to check (default: the newest)")
-    optimize = sub.add_parser(
-        "optimize", help="compact small files and Z-order subscriptions by fk where the policy says so"
+    optimize = command("optimize", "compact the tables whose file statistics call for it")
+    optimize.add_argument(
+        "--force", action="store_true", help="compact every table, whatever the policy says"
     )
-    optimize.add_argument("config")
-    optimize.add_argument("--force", action="store_true", help="optimize every table, policy or not")
-    demo = sub.add_parser("demo", help="run a self-contained example on the inventory sample data")
+    quarantine = command("quarantine", "list quarantined lines: file, line, reason and raw text")
+    quarantine.add_argument("--source", default=None, help="only this source")
+    quarantine.add_argument("--limit", type=int, default=20, help="at most this many lines (default 20)")
+    demo = command("demo", "run a self-contained example on the Debezium tutorial's inventory data")
     demo.add_argument("--dir", default=None, help="working folder (default: a new temporary folder)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    say = _Printer(args)
     try:
-        return _dispatch(args)
+        return COMMANDS[args.command](args, say)
+    except ConfigError as e:
+        return say.error(e, CONFIG_ERROR, "fix the pipeline YAML and run again")
+    except ConcurrentRunError as e:
+        return say.error(e, BUSY, "run again when the other run is done")
+    except InputError as e:
+        return say.error(e, DATA_PROBLEM, "see 'cdc-join quarantine CONFIG' and the message above")
     except CdcJoinError as e:
-        print(f"cdc-join: error: {e}", file=sys.stderr)
-        return 2
+        return say.error(e, FAILURE, "rerun with --debug for details; a rerun is safe")
+    except Exception as e:
+        return say.error(e, FAILURE, "rerun with --debug for details; a rerun is safe", internal=True)
 
 
-def _dispatch(args: argparse.Namespace) -> int:
-    if args.command == "demo":
-        from cdc_join.demo import run_demo
+class _Printer:
+    """What the CLI prints, by verbosity: progress and reports on stdout, errors on stderr."""
 
-        run_demo(args.dir)
-        return 0
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+
+    def progress(self, line: str) -> None:
+        if not (self.args.quiet or self.args.json):
+            print(line, flush=True)
+
+    def result(self, text: str, document: Any = None) -> None:
+        if self.args.json:
+            print(json.dumps(document, default=str, sort_keys=True))
+        else:
+            print(text)
+
+    def error(self, e: BaseException, code: int, hint: str, *, internal: bool = False) -> int:
+        if self.args.debug:
+            traceback.print_exception(e, file=sys.stderr)
+        what = f"{type(e).__name__}: {_first_line(e)}" if internal else _first_line(e)
+        print(f"cdc-join: error: {what}\n  next: {hint}", file=sys.stderr)
+        return code
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def open_pipeline(args: argparse.Namespace, progress: Callable[[str], None] | None = None):  # type: ignore[no-untyped-def]
+    """The pipeline of parsed arguments; config and storage choice are checked before Spark starts."""
     from cdc_join.config import load_config
+    from cdc_join.storage.select import requested_backend
+
+    config = load_config(args.config)
+    if args.lake:
+        config = dataclasses.replace(config, lake=args.lake.rstrip("/"))
+    try:
+        requested_backend(args.storage)
+    except CdcJoinError as e:
+        raise ConfigError(str(e)) from None
     from cdc_join.pipeline import Pipeline
     from cdc_join.session import get_spark
     from cdc_join.storage import get_storage
 
-    config = load_config(args.config)
     spark = get_spark(f"cdc_join:{config.name}")
-    pipeline = Pipeline(config, spark, get_storage(spark, args.storage), progress=print)
-    if args.command == "run":
-        print(pipeline.run(ingest=not args.no_ingest, plan=args.plan).summary())
-        return 0
+    return Pipeline(config, spark, get_storage(spark, args.storage), progress=progress)
+
+
+def _pipeline(args: argparse.Namespace, say: _Printer):  # type: ignore[no-untyped-def]
+    return open_pipeline(args, say.progress)
+
+
+def _run(args: argparse.Namespace, say: _Printer) -> int:
+    pipeline = _pipeline(args, say)
     if args.command == "full-refresh":
-        print(pipeline.full_refresh().summary())
-        return 0
-    if args.command == "check":
-        from cdc_join.quality import check
+        report = pipeline.full_refresh()
+    else:
+        report = pipeline.run(ingest=not args.no_ingest, plan=args.plan)
+    say.result(report.summary(verbose=args.verbose), report.to_dict())
+    return DATA_PROBLEM if report.data_problem(pipeline.config) else OK
 
-        report = check(config, pipeline.storage, run_id=args.run_id)
-        print(report.summary())
-        return 0 if report.ok else 1
-    if args.command == "optimize":
-        from cdc_join.maintenance import optimize_pipeline, summary
 
-        print(summary(optimize_pipeline(pipeline.storage, config, force=args.force)))
-        return 0
-    if args.command == "verify":
-        result = pipeline.verify(repair=args.repair)
-        print(result.summary())
-        return 0 if result.ok or result.repaired else 1
-    raise AssertionError(args.command)
+def _verify(args: argparse.Namespace, say: _Printer) -> int:
+    result = _pipeline(args, say).verify(repair=args.repair, source=args.source)
+    say.result(result.summary(), dataclasses.asdict(result) | {"ok": result.ok})
+    return OK if result.ok else DIFFERENCES
+
+
+def _check(args: argparse.Namespace, say: _Printer) -> int:
+    from cdc_join.quality import check
+
+    pipeline = _pipeline(args, say)
+    report = check(pipeline.config, pipeline.storage, run_id=args.run_id)
+    say.result(report.summary(), {"ok": report.ok, "summary": report.summary()})
+    return OK if report.ok else DIFFERENCES
+
+
+def _optimize(args: argparse.Namespace, say: _Printer) -> int:
+    from cdc_join.maintenance import optimize_pipeline, summary
+
+    pipeline = _pipeline(args, say)
+    done = optimize_pipeline(pipeline.storage, pipeline.config, force=args.force)
+    say.result(summary(done), done)
+    return OK
+
+
+def _quarantine(args: argparse.Namespace, say: _Printer) -> int:
+    from cdc_join.ingest import quarantined
+
+    pipeline = _pipeline(args, say)
+    rows = quarantined(pipeline.storage, pipeline.config, source=args.source, limit=args.limit)
+    lines = [f"{r['source']} {r['_file']}:{r['_line']}: {r['reason']}\n    {r['raw']}" for r in rows]
+    say.result("\n".join(lines) if lines else "no quarantined lines", rows)
+    return OK
+
+
+def _demo(args: argparse.Namespace, say: _Printer) -> int:
+    from cdc_join.demo import run_demo
+
+    run_demo(args.dir)
+    return OK
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace, _Printer], int]] = {
+    "run": _run,
+    "full-refresh": _run,
+    "verify": _verify,
+    "check": _check,
+    "optimize": _optimize,
+    "quarantine": _quarantine,
+    "demo": _demo,
+}
 
 
 if __name__ == "__main__":

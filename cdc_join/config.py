@@ -28,6 +28,8 @@ _STRING_LITERAL = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"")
 _LAMBDA_PARAMS = re.compile(r"(?:\(\s*([A-Za-z_][\w\s,]*)\)|\b([A-Za-z_]\w*))\s*->")
 
 CONNECTORS = ("postgresql", "mysql", "sqlserver")
+#: What a run that quarantined events ends with: ``fail`` (exit code 3) or ``warn`` (exit 0).
+ON_QUARANTINE = ("fail", "warn")
 
 
 class JoinType(str, enum.Enum):
@@ -97,6 +99,7 @@ class PipelineConfig:
     config_path: Path | None = None
     quality: Mapping[str, Any] = field(default_factory=dict)
     tables: str | None = None
+    on_quarantine: str = "fail"
 
     # -- table locations (DESIGN.md §4) ------------------------------------------------------
     # With ``tables: catalog.schema`` every table is addressed by name in that schema
@@ -243,7 +246,18 @@ def _bare_message(e: ConfigError) -> str:
     return text[len(e.key) + 2 :] if e.key and text.startswith(f"{e.key}: ") else text
 
 
-_TOP_KEYS = {"name", "lake", "tables", "sources", "left", "joins", "select", "output", "quality"}
+_TOP_KEYS = {
+    "name",
+    "lake",
+    "tables",
+    "sources",
+    "left",
+    "joins",
+    "select",
+    "output",
+    "quality",
+    "on_quarantine",
+}
 _TOP_KEYS |= {"description"}
 _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$")
 _SOURCE_KEYS = {"landing", "bronze", "primary_key", "sequence_by", "connector", "columns"}
@@ -278,6 +292,9 @@ def parse_config(
     quality = raw.get("quality") or {}
     if not isinstance(quality, Mapping):
         raise ConfigError("must be a mapping", key="quality")
+    on_quarantine = raw.get("on_quarantine", "fail")
+    if on_quarantine not in ON_QUARANTINE:
+        raise ConfigError(f"must be one of {list(ON_QUARANTINE)}, got {on_quarantine!r}", key="on_quarantine")
     return PipelineConfig(
         name=name,
         lake=lake,
@@ -289,6 +306,7 @@ def parse_config(
         config_path=config_path,
         quality=dict(quality),
         tables=tables,
+        on_quarantine=on_quarantine,
     )
 
 

@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import astuple, dataclass
 from datetime import datetime, timezone
+from typing import Any
 
 from pyspark.errors import AnalysisException
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -376,3 +377,16 @@ def read_lines(spark: SparkSession, files: Sequence[LandedFile]) -> DataFrame:
     # A byte-order mark would make the first line invalid JSON; a \r is left by CRLF endings.
     value = "regexp_replace(line, '^\\\\x{FEFF}|\\\\r$', '') AS value"
     return exploded.selectExpr("_file", "CAST(pos + 1 AS BIGINT) AS _line", value)
+
+
+def quarantined(
+    storage: Storage, config: PipelineConfig, *, source: str | None = None, limit: int = 20
+) -> list[dict[str, Any]]:
+    """The newest quarantined lines (source, file, line, reason, raw text), at most ``limit``."""
+    if not storage.exists(config.quarantine_path):
+        return []
+    rows = storage.read(config.quarantine_path)
+    if source is not None:
+        rows = rows.filter(F.col("source") == source)
+    newest = rows.orderBy(F.col("_ingested_at").desc(), "_file", "_line").limit(limit)
+    return [r.asDict() for r in newest.collect()]

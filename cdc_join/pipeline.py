@@ -22,7 +22,7 @@ from cdc_join import bronze, cost, lookup, resolve, runlog, silver, state, subsc
 from cdc_join.changeset import collect
 from cdc_join.config import PipelineConfig
 from cdc_join.ingest import ingest_all
-from cdc_join.report import RunReport
+from cdc_join.report import RunReport, SparkJobs
 from cdc_join.runlog import Checkpoint, RunStart, commit_run, run_lock
 from cdc_join.session import get_spark
 from cdc_join.storage import Storage, get_storage
@@ -78,6 +78,7 @@ class Pipeline:
             started = datetime.now(timezone.utc)
             begin = runlog.start(self.storage, self.config)
             report = RunReport(begin.checkpoint.run_id + 1, kind, crash_after, self.progress)
+            report.jobs = SparkJobs(self.spark)
             if ingest:
                 with report.step("ingest") as counts:
                     for name, r in ingest_all(self.spark, self.storage, self.config).items():

@@ -7,7 +7,8 @@ type-widening rules (:func:`wider_type`):
 - byte → short → int → bigint; byte/short/int → double; float → double;
 - an integer or a decimal → a decimal with room for every digit of both
   (``decimal(p, s)`` → ``decimal(p + k1, s + k2)`` with ``k1 >= k2 >= 0``);
-- date → timestamp_ntz.
+- date → timestamp_ntz;
+- void (a column that so far held only nulls) → any type.
 
 Nothing else changes a type: bigint → double would round large integers, anything → string
 would change what the column means. Such a change is refused where it is detected (the
@@ -34,6 +35,7 @@ from pyspark.sql.types import (
     IntegerType,
     LongType,
     MapType,
+    NullType,
     ShortType,
     StringType,
     StructField,
@@ -54,6 +56,10 @@ def wider_type(known: DataType, new: DataType) -> DataType | None:
     type. Scalars only; nested types merge field by field (:func:`merge_schemas`).
     """
     if known == new:
+        return known
+    if isinstance(known, NullType):  # a column without a value yet takes the first type it sees
+        return new
+    if isinstance(new, NullType):
         return known
     k, n = type(known), type(new)
     if k in _INTEGRAL_DIGITS and n in _INTEGRAL_DIGITS:

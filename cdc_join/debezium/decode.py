@@ -34,6 +34,7 @@ from pyspark.sql.types import (
     IntegerType,
     LongType,
     MapType,
+    NullType,
     ShortType,
     StringType,
     StructField,
@@ -230,6 +231,8 @@ def decode_json_sql(x: str, target: DataType, names: Names) -> str:
         k, v = names("k"), names("v")
         body = decode_json_sql(v, target.valueType, names)
         return f"transform_values({as_type(x, 'map<string,variant>')}, ({k}, {v}) -> {body})"
+    if isinstance(target, NullType):  # no value has shown this column's type yet
+        return "CAST(NULL AS VOID)"
     json_kind, read = kind(x), as_type(x, target.simpleString())
     if isinstance(target, StringType):
         return _text_sql(x)

@@ -3,7 +3,8 @@
 A row image decodes into a struct whose column types come from the Kafka Connect schema of the
 event (:func:`connect_type`) or, for payload-only events, from Spark's inference over the batch
 (:func:`inferred_row_type`: integers → bigint, other numbers → double, mixed JSON types →
-string, as Spark's JSON reader picks).
+string, as Spark's JSON reader picks; a column holding only JSON nulls so far is ``void``, and
+takes the type of its first value).
 
 Types are stable across batches: the type a column already has in bronze (``known``) wins,
 except that a column *widens* when new events need a wider type and Delta's type-widening rules
@@ -33,6 +34,7 @@ from pyspark.sql.types import (
     IntegerType,
     LongType,
     MapType,
+    NullType,
     ShortType,
     StringType,
     StructField,
@@ -100,7 +102,7 @@ _VARIANT_SCALARS: dict[str, DataType | None] = {
     "BOOLEAN": BooleanType(),
     "STRING": StringType(),
     "VARIANT": StringType(),  # values of several JSON types: kept as JSON text
-    "VOID": None,
+    "VOID": NullType(),  # only JSON nulls so far: a void column, typed by its first value
 }
 
 

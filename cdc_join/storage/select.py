@@ -98,7 +98,12 @@ def _describe(exc: Exception) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def _requested(backend: str | None) -> str:
+def requested_backend(backend: str | None) -> str:
+    """The backend asked for (argument, else ``CDC_JOIN_STORAGE``, else ``auto``); no Spark needed.
+
+    Raises:
+        StorageError: an unknown name.
+    """
     choice = backend if backend is not None else os.environ.get(ENV_VAR, "")
     choice = (choice or AUTO).strip().lower()
     if choice not in BACKENDS:
@@ -129,7 +134,7 @@ def get_storage(spark: SparkSession, backend: str | None = None) -> Storage:
         StorageError: an unknown backend name, or delta-spark forced where the Delta jars
             cannot be loaded.
     """
-    choice = _requested(backend)
+    choice = requested_backend(backend)
     if choice == AUTO:
         available, _reason = delta_jars_available(spark)
         name = DELTA_SPARK if available else DELTA_RS

@@ -1,12 +1,23 @@
 """Property: whatever order, delay, duplication or crashes CDC events come with, silver after
 every completed run equals the join of the current source rows (DESIGN.md §2).
 
-Histories are random creates/updates/deletes/fk changes over three tables (``lhs`` joined to
-``rhs`` on ``fk`` and to ``rhs2`` on ``fk2``, each join inner or left), plus an occasional
-truncate of ``rhs``. They are delivered in random batches: shuffled within a batch, some events
-duplicated, some held back to a later batch (late), old events delivered again after newer
-ones (at-least-once), garbage lines mixed in. Some runs are
-killed after a random step and rerun. The oracle below recomputes the join in plain Python.
+Three tables: ``lhs`` joined to ``rhs`` on a composite foreign key ``(a, b)`` and to ``rhs2`` on
+``fk2``, each join inner or left. The generators draw what real data has:
+
+- a null in every column of every type (string, int, bigint, decimal, double, boolean, date,
+  timestamp, nested struct and array, with null fields and null elements), foreign keys with
+  one part null;
+- both envelopes: each table's events carry the Kafka Connect schema or only the payload, so
+  types come from schemas or from inference (a column that starts out all null is void until
+  its first value);
+- equal sequence values (the later landing file, then line, wins), truncates followed by
+  more events, a column whose type widens (``rhs2.w``: int, then bigint with values past 2^31);
+- delivery in random batches, shuffled, with duplicates, late events, old events delivered
+  again after newer ones, and garbage lines; runs and full refreshes killed after a random
+  step, then run again.
+
+The oracle recomputes the join in plain Python from the delivered events. Examples:
+``CDC_JOIN_PROPERTY_EXAMPLES`` (default 6), or ``CDC_JOIN_PROPERTY_PROFILE=slow`` for 300.
 """
 
 from __future__ import annotations
@@ -15,102 +26,213 @@ import contextlib
 import os
 import random
 import tempfile
+from datetime import date, datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cdc_join.report import SimulatedCrash
-from tests.support import make_pipeline, silver_rows
+from tests.support import make_pipeline
 
 TABLES = {
-    "lhs": {"id": "string", "fk": "int64", "fk2": "int64", "v": "int64"},
-    "rhs": {"id": "int64", "value": "string"},
-    "rhs2": {"id": "int64", "name": "string"},
+    "lhs": {
+        "id": "string",
+        "a": "int64",
+        "b": "string",
+        "fk2": "int32",
+        "s": "string",
+        "i": "int32",
+        "l": "int64",
+        "d": "decimal(10,2)",
+        "f": "double",
+        "bo": "boolean",
+        "dt": "date",
+        "ts": "timestamp",
+        "st": "struct<x:int32,y:string>",
+        "ar": "array<int32>",
+    },
+    "rhs": {"a": "int64", "b": "string", "value": "string", "n": "int64"},
+    "rhs2": {"id": "int32", "name": "string", "w": "int32"},
 }
+PRIMARY_KEYS = {"lhs": ["id"], "rhs": ["a", "b"], "rhs2": ["id"]}
+LEFT_VALUES = ["s", "i", "l", "d", "f", "bo", "dt", "ts", "st", "ar"]
 SELECT = {
     "key": "lhs.id",
-    "fk": "lhs.fk",
+    "a": "lhs.a",
+    "b": "lhs.b",
     "fk2": "lhs.fk2",
-    "v": "lhs.v",
+    **{c: f"lhs.{c}" for c in LEFT_VALUES},
     "value": "rhs.value",
+    "n": "rhs.n",
     "name": "rhs2.name",
+    "w": "rhs2.w",
 }
-LEFT_KEYS = ["a", "b", "c", "d"]
-RIGHT_KEYS = [1, 2, 3]
-CRASH_STEPS = [
+LEFT_KEYS = ["k1", "k2", "k3", "k4"]
+A_VALUES, B_VALUES, RHS2_KEYS = [1, 2], ["x", "y"], [1, 2, 3]
+RUN_CRASHES = [
     "ingest",
     "state:lhs",
     "state:rhs",
+    "plan",
     "subscription:rhs",
     "lookup:rhs2",
     "resolve",
     "silver",
     "cleanup",
 ]
-EXAMPLES = int(os.environ.get("CDC_JOIN_PROPERTY_EXAMPLES", "4"))
+REFRESH_CRASHES = ["state:lhs", "state:rhs2", "subscription:rhs", "resolve", "silver"]
+PROFILE = os.environ.get("CDC_JOIN_PROPERTY_PROFILE", "")
+EXAMPLES = int(os.environ.get("CDC_JOIN_PROPERTY_EXAMPLES", "300" if PROFILE == "slow" else "6"))
 
-fk_value = st.one_of(st.none(), st.sampled_from(RIGHT_KEYS))
+maybe = st.booleans()
 operation = st.one_of(
     st.tuples(
         st.just("lhs"),
-        st.sampled_from(["c", "u"]),
+        st.sampled_from(["c", "u", "r"]),
         st.sampled_from(LEFT_KEYS),
-        fk_value,
-        fk_value,
-        st.integers(0, 3),
+        st.one_of(st.none(), st.sampled_from(A_VALUES)),
+        st.one_of(st.none(), st.sampled_from(B_VALUES)),
+        st.one_of(st.none(), st.sampled_from(RHS2_KEYS)),
+        maybe,
     ),
-    st.tuples(st.just("lhs"), st.just("d"), st.sampled_from(LEFT_KEYS), st.none(), st.none(), st.just(0)),
+    st.tuples(
+        st.just("lhs"), st.just("d"), st.sampled_from(LEFT_KEYS), st.none(), st.none(), st.none(), maybe
+    ),
     st.tuples(
         st.just("rhs"),
         st.sampled_from(["c", "u", "d"]),
-        st.sampled_from(RIGHT_KEYS),
+        st.tuples(st.sampled_from(A_VALUES), st.sampled_from(B_VALUES)),
         st.none(),
         st.none(),
-        st.integers(0, 3),
+        st.none(),
+        maybe,
     ),
     st.tuples(
         st.just("rhs2"),
         st.sampled_from(["c", "u", "d"]),
-        st.sampled_from(RIGHT_KEYS),
+        st.sampled_from(RHS2_KEYS),
         st.none(),
         st.none(),
-        st.integers(0, 3),
+        st.none(),
+        maybe,
     ),
-    st.tuples(st.just("rhs"), st.just("t"), st.just(0), st.none(), st.none(), st.just(0)),
+    st.tuples(
+        st.sampled_from(["rhs", "rhs2"]), st.just("t"), st.none(), st.none(), st.none(), st.none(), maybe
+    ),
 )
 
 
-def _row(table: str, key, fk, fk2, n: int) -> dict:
+def _value(rng: random.Random, type_name: str, wide: bool = False) -> Any:
+    """A random value of a column type, null a quarter of the time (nested parts too)."""
+    if rng.random() < 0.25:
+        return None
+    if type_name == "string":
+        return rng.choice(["", "x", "null", "a b", "é"])
+    if type_name == "int32":
+        return rng.choice([0, -1, 7, 2**31 - 1])
+    if type_name == "int64":
+        return rng.choice([0, -5, 2**40, 3_000_000_000]) if wide else rng.choice([0, -5, 2**40])
+    if type_name == "decimal(10,2)":
+        return rng.choice([Decimal("0.00"), Decimal("-1.25"), Decimal("12345678.90")])
+    if type_name == "double":
+        return rng.choice([0.5, -2.25, 1e10])
+    if type_name == "boolean":
+        return rng.choice([True, False])
+    if type_name == "date":
+        return date(2024, 1, 1) + timedelta(days=rng.randint(-40000, 400))
+    if type_name == "timestamp":
+        return datetime(2024, 1, 1) + timedelta(microseconds=rng.randint(-(10**15), 10**12))
+    if type_name.startswith("struct<"):
+        return {"x": _value(rng, "int32"), "y": _value(rng, "string")}
+    if type_name.startswith("array<"):
+        return [_value(rng, "int32") for _ in range(rng.randint(0, 3))]
+    raise AssertionError(type_name)
+
+
+def _row(table: str, key: Any, fk: tuple, rng: random.Random, wide: bool) -> dict[str, Any]:
     if table == "lhs":
-        return {"id": key, "fk": fk, "fk2": fk2, "v": n}
-    column = "value" if table == "rhs" else "name"
-    return {"id": key, column: f"{table}-{key}-{n}"}
+        row = {"id": key, "a": fk[0], "b": fk[1], "fk2": fk[2]}
+        return row | {c: _value(rng, TABLES["lhs"][c]) for c in LEFT_VALUES}
+    if table == "rhs":
+        return {"a": key[0], "b": key[1], "value": _value(rng, "string"), "n": _value(rng, "int64")}
+    return {
+        "id": key,
+        "name": _value(rng, "string"),
+        "w": _value(rng, "int64", True) if wide else _value(rng, "int32"),
+    }
 
 
-def oracle(delivered: list[tuple], join_types: tuple[str, str]) -> set[tuple]:
-    """The join of the current rows implied by the delivered events (DESIGN.md §2)."""
-    newest: dict[tuple[str, object], tuple] = {}
+# -- the oracle ----------------------------------------------------------------------------
+
+
+def _expected_value(value: Any, type_name: str, payload_only: bool) -> Any:
+    """What a value of a column decodes to: by schema, or as payload-only JSON is inferred."""
+    if value is None or not payload_only:
+        return value
+    if type_name.startswith("decimal"):
+        return float(value)
+    if type_name == "date":
+        return (value - date(1970, 1, 1)).days
+    if type_name == "timestamp":
+        delta = value - datetime(1970, 1, 1)
+        return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+    return value
+
+
+def oracle(delivered: list[dict], join_types: tuple[str, str], payload_only: set[str]) -> set[tuple]:
+    """The join of the current rows the delivered events imply (DESIGN.md §2): per key the
+    event of greatest (sequence, file, line); a delete or a truncate older than it removes it."""
+    newest: dict[tuple, dict] = {}
     truncated: dict[str, int] = {}
-    for lsn, table, op, row in delivered:
-        if op == "t":
-            truncated[table] = max(truncated.get(table, -1), lsn)
+    for e in delivered:
+        if e["op"] == "t":
+            truncated[e["table"]] = max(truncated.get(e["table"], -1), e["lsn"])
             continue
-        key = (table, row["id"])
-        if key not in newest or lsn > newest[key][0]:
-            newest[key] = (lsn, op, row)
+        key = (e["table"], e["key"])
+        if key not in newest or e["order"] > newest[key]["order"]:
+            newest[key] = e
     current: dict[str, dict] = {t: {} for t in TABLES}
-    for (table, key), (lsn, op, row) in newest.items():
-        if op != "d" and lsn > truncated.get(table, -1):
-            current[table][key] = row
+    for (table, key), e in newest.items():
+        if e["op"] != "d" and e["lsn"] >= truncated.get(table, -1):
+            current[table][key] = e["row"]
     out = set()
     for row in current["lhs"].values():
-        r1 = current["rhs"].get(row["fk"]) if row["fk"] is not None else None
+        r1 = (
+            current["rhs"].get((row["a"], row["b"]))
+            if row["a"] is not None and row["b"] is not None
+            else None
+        )
         r2 = current["rhs2"].get(row["fk2"]) if row["fk2"] is not None else None
         if (join_types[0] == "inner" and r1 is None) or (join_types[1] == "inner" and r2 is None):
             continue
-        out.add((row["id"], row["fk"], row["fk2"], row["v"], r1 and r1["value"], r2 and r2["name"]))
+        left = [
+            _freeze(_expected_value(row[c], TABLES["lhs"][c], "lhs" in payload_only))
+            for c in ["id", "a", "b", "fk2", *LEFT_VALUES]
+        ]
+        out.add((*left, r1 and r1["value"], r1 and r1["n"], r2 and r2["name"], r2 and r2["w"]))
     return out
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, dict):
+        return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
+    if isinstance(value, list):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+def silver(pipeline) -> set[tuple]:
+    cfg = pipeline.config
+    if not pipeline.storage.exists(cfg.silver_path):
+        return set()
+    rows = pipeline.storage.read(cfg.silver_path).select(*SELECT).collect()
+    return {tuple(_freeze(v.asDict(recursive=True) if hasattr(v, "asDict") else v) for v in r) for r in rows}
+
+
+# -- the property --------------------------------------------------------------------------
 
 
 @settings(
@@ -125,67 +247,105 @@ def oracle(delivered: list[tuple], join_types: tuple[str, str]) -> set[tuple]:
 @given(
     ops=st.lists(operation, min_size=8, max_size=30),
     join_types=st.tuples(st.sampled_from(["inner", "left"]), st.sampled_from(["inner", "left"])),
+    payload_only=st.sets(st.sampled_from(sorted(TABLES))),
     batches=st.integers(2, 4),
     seed=st.integers(0, 2**32 - 1),
 )
-def test_silver_equals_oracle_after_every_completed_run(spark, storage, ops, join_types, batches, seed):
+def test_silver_equals_oracle_after_every_completed_run(
+    spark, storage, ops, join_types, payload_only, batches, seed
+):
     rng = random.Random(seed)
     root = Path(tempfile.mkdtemp(prefix="cdc_join_property_"))
     pipeline, writer = make_pipeline(
         root,
         spark,
         storage,
-        tables=TABLES,
+        tables={t: dict(c) for t, c in TABLES.items()},
         joins=[
-            {"right": "rhs", "foreign_key": ["fk"], "type": join_types[0]},
+            {"right": "rhs", "foreign_key": ["a", "b"], "type": join_types[0]},
             {"right": "rhs2", "foreign_key": ["fk2"], "type": join_types[1]},
         ],
         select=SELECT,
+        primary_keys=PRIMARY_KEYS,
     )
-    # Every source needs a first event before columns are known (a run waits until then).
-    seeds = [
-        (1, "lhs", "c", _row("lhs", "z", None, None, 0)),
-        (2, "rhs", "c", _row("rhs", 99, None, None, 0)),
-        (3, "rhs2", "c", _row("rhs2", 99, None, None, 0)),
-    ]
-    history = []
-    for lsn, (table, op, key, fk, fk2, n) in enumerate(ops, start=len(seeds) + 1):
-        row = None if op == "t" else _row(table, key, fk, fk2, n)
-        history.append((lsn, table, op, row))
-    cuts = sorted(rng.sample(range(1, len(history)), min(batches - 1, len(history) - 1)))
-    pending = [history[i:j] for i, j in zip([0, *cuts], [*cuts, len(history)], strict=True)]
-    delivered: list[tuple] = []
-    held: list[tuple] = []
-    for number, batch in enumerate(pending):
-        last = number == len(pending) - 1
+    writer.payload_only = set(payload_only)
+    widen_batch = rng.randint(1, batches)  # from this batch on, rhs2.w is a bigint in the schema
+    history = _history(ops, rng, batches, widen_batch)
+    seeds = [_event("lhs", "c", "k0", _row("lhs", "k0", (None, None, None), rng, False), lsn) for lsn in (1,)]
+    seeds += [_event("rhs", "c", (9, "z"), _row("rhs", (9, "z"), (), rng, False), 2)]
+    seeds += [_event("rhs2", "c", 99, _row("rhs2", 99, (), rng, False), 3)]
+    delivered: list[dict] = []
+    held: list[dict] = []
+    for number, batch in enumerate(history):
+        last = number == len(history) - 1
         now = held + [e for e in batch if last or rng.random() > 0.3] + (seeds if number == 0 else [])
         held = [e for e in batch if e not in now]
         now += [e for e in now if rng.random() < 0.2]  # duplicates
         if delivered:  # at-least-once delivery: old events arrive again, after newer ones
             now += rng.sample(delivered, min(len(delivered), rng.randint(1, 4)))
         rng.shuffle(now)
-        _land(writer, now, rng)
-        delivered += now
-        crash = rng.choice(CRASH_STEPS) if rng.random() < 0.4 else None
-        if crash:
-            with contextlib.suppress(SimulatedCrash):
-                pipeline.run(crash_after=crash)
-        pipeline.run()
-        assert silver_rows(pipeline) == oracle(delivered, join_types), f"after batch {number}, crash={crash}"
+        if number >= widen_batch:
+            writer.tables["rhs2"]["w"] = "int64"
+        delivered += _land(writer, now, rng)
+        _run_with_crashes(pipeline, rng)
+        expected = oracle(delivered, join_types, set(payload_only))
+        assert silver(pipeline) == expected, f"after batch {number}"
     assert pipeline.verify().ok
 
 
-def _land(writer, events: list[tuple], rng: random.Random) -> None:
-    by_table: dict[str, list] = {}
-    for lsn, table, op, row in events:
-        if op == "t":
-            event = writer.event(table, "t", lsn=lsn)
-        elif op == "d":
-            event = writer.delete(table, row, lsn)
-        else:
-            event = writer.upsert(table, row, lsn, op)
-        by_table.setdefault(table, []).append(event)
-    for table, table_events in by_table.items():
+def _history(ops: list[tuple], rng: random.Random, batches: int, widen_batch: int) -> list[list[dict]]:
+    """The ops as events with sequences (some equal to the previous one), cut into batches."""
+    events, lsn = [], 10
+    cuts = sorted(rng.sample(range(1, len(ops)), min(batches - 1, len(ops) - 1)))
+    batch_of = [sum(1 for c in cuts if i >= c) for i in range(len(ops))]
+    for i, (table, op, key, a, b, fk2, same_lsn) in enumerate(ops):
+        lsn += 0 if same_lsn else 1
+        wide = batch_of[i] >= widen_batch
+        row = None if op == "t" else _row(table, key, (a, b, fk2), rng, wide)
+        events.append(_event(table, op, key, row, lsn))
+    out: list[list[dict]] = [[] for _ in range(max(batch_of) + 1)]
+    for i, e in enumerate(events):
+        out[batch_of[i]].append(e)
+    return out
+
+
+def _event(table: str, op: str, key: Any, row: dict | None, lsn: int) -> dict:
+    return {"table": table, "op": op, "key": key, "row": row, "lsn": lsn}
+
+
+def _land(writer, events: list[dict], rng: random.Random) -> list[dict]:
+    """Write each table's events as one file (garbage mixed in); return them with their order."""
+    landed = []
+    for table in TABLES:
+        mine = [e for e in events if e["table"] == table]
+        if not mine:
+            continue
+        lines: list[Any] = []
+        for e in mine:
+            if e["op"] == "t":
+                lines.append(writer.event(table, "t", lsn=e["lsn"]))
+            elif e["op"] == "d":
+                lines.append(writer.delete(table, e["row"], e["lsn"]))
+            else:
+                lines.append(writer.upsert(table, e["row"], e["lsn"], e["op"]))
         if rng.random() < 0.3:
-            table_events.insert(rng.randrange(len(table_events) + 1), "{not json at all")
-        writer.write(table, table_events)
+            lines.insert(rng.randrange(len(lines) + 1), "{not json at all")
+        path = writer.write(table, lines)
+        numbered = [n for n, line in enumerate(lines, start=1) if not isinstance(line, str)]
+        landed += [{**e, "order": (e["lsn"], path.name, n)} for e, n in zip(mine, numbered, strict=True)]
+    return landed
+
+
+def _run_with_crashes(pipeline, rng: random.Random) -> None:
+    """One completed run (sometimes a full refresh), after a killed run or refresh sometimes."""
+    roll = rng.random()
+    if roll < 0.25:
+        with contextlib.suppress(SimulatedCrash):
+            pipeline.run(crash_after=rng.choice(RUN_CRASHES))
+    elif roll < 0.4:
+        with contextlib.suppress(SimulatedCrash):
+            pipeline.full_refresh(crash_after=rng.choice(REFRESH_CRASHES))
+    if rng.random() < 0.15:
+        pipeline.full_refresh()
+    else:
+        pipeline.run()

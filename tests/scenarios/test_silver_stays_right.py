@@ -1,0 +1,326 @@
+"""Ways silver went wrong before, each as the scenario a user would hit.
+
+Nulls in text columns, composite foreign keys with a null part, a full refresh killed part-way,
+silver rows without a source row, equal sequence values in different batches, a column whose
+type widens (or changes in a way that cannot widen), a truncate followed by more batches, a
+bronze table without a change feed, and a source without events yet.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from pyspark.sql import functions as F
+
+from cdc_join import cli
+from cdc_join.config import load_config
+from cdc_join.errors import SourceNotReadyError
+from cdc_join.pipeline import Pipeline
+from cdc_join.report import SimulatedCrash
+from cdc_join.tables import RUN
+from tests.support import make_pipeline, silver_rows
+
+COMPOSITE = {
+    "lines": {"id": "int64", "a": "int64", "b": "int64", "qty": "int64"},
+    "parts": {"ra": "int64", "rb": "int64", "name": "string"},
+}
+
+
+def payload_event(op: str, row: dict, lsn: int) -> str:
+    """A payload-only (``schemas.enable=false``) PostgreSQL event."""
+    image = {"before": row, "after": None} if op == "d" else {"before": None, "after": row}
+    return json.dumps({"op": op, **image, "source": {"connector": "postgresql", "lsn": lsn}, "ts_ms": lsn})
+
+
+def test_a_json_null_in_a_text_column_is_null_in_silver_not_the_text_null(tmp_path, spark, storage):
+    pipeline, w = make_pipeline(tmp_path, spark, storage, join_type="left")
+    w.write(
+        "rhs",
+        [payload_event("c", {"id": 1, "value": None}, 1), payload_event("c", {"id": 2, "value": "x"}, 2)],
+    )
+    w.write("lhs", [payload_event("c", {"id": "k", "fk": 1, "v": None}, 3)])
+    pipeline.run()
+    assert silver_rows(pipeline) == {("k", 1, None, None)}
+    w.write("lhs", [payload_event("u", {"id": "k", "fk": 2, "v": 7}, 4)])
+    w.write("rhs", [payload_event("u", {"id": 2, "value": None}, 5)])
+    pipeline.run()
+    assert silver_rows(pipeline) == {("k", 2, 7, None)}
+    assert pipeline.verify().ok
+
+
+def _composite(tmp_path, spark, storage, join_type):
+    return make_pipeline(
+        tmp_path,
+        spark,
+        storage,
+        tables=COMPOSITE,
+        left="lines",
+        joins=[{"right": "parts", "foreign_key": ["a", "b"], "type": join_type}],
+        select={"id": "lines.id", "a": "lines.a", "b": "lines.b", "name": "parts.name"},
+        primary_keys={"lines": ["id"], "parts": ["ra", "rb"]},
+    )
+
+
+def test_left_join_keeps_a_new_row_whose_composite_fk_is_partly_null(tmp_path, spark, storage):
+    pipeline, w = _composite(tmp_path, spark, storage, "left")
+    w.write("parts", [w.upsert("parts", {"ra": 1, "rb": 1, "name": "p11"}, 1)])
+    w.write("lines", [w.upsert("lines", {"id": 1, "a": 1, "b": 1, "qty": 1}, 2)])
+    pipeline.run()
+    w.write("lines", [w.upsert("lines", {"id": 2, "a": 1, "b": None, "qty": 1}, 3)])
+    report = pipeline.run()
+    assert silver_rows(pipeline) == {(1, 1, 1, "p11"), (2, 1, None, None)}
+    assert report.steps["resolve"]["stale_dropped"] == 0
+    assert pipeline.verify().ok
+
+
+def test_inner_join_deletes_a_row_whose_composite_fk_becomes_partly_null(tmp_path, spark, storage):
+    pipeline, w = _composite(tmp_path, spark, storage, "inner")
+    w.write("parts", [w.upsert("parts", {"ra": 1, "rb": 1, "name": "p11"}, 1)])
+    w.write("lines", [w.upsert("lines", {"id": 1, "a": 1, "b": 1, "qty": 1}, 2)])
+    pipeline.run()
+    assert silver_rows(pipeline) == {(1, 1, 1, "p11")}
+    w.write("lines", [w.upsert("lines", {"id": 1, "a": 1, "b": None, "qty": 1}, 3)])
+    report = pipeline.run()
+    assert silver_rows(pipeline) == set()
+    assert report.steps["resolve"]["stale_dropped"] == 0
+    w.write("parts", [w.upsert("parts", {"ra": 1, "rb": 1, "name": "p11 again"}, 4)])
+    pipeline.run()  # the old subscription is gone: the change reaches nobody
+    assert silver_rows(pipeline) == set()
+    assert pipeline.verify().ok
+
+
+def _joined(tmp_path, spark, storage, join_type="left"):
+    pipeline, w = make_pipeline(tmp_path, spark, storage, join_type=join_type)
+    w.write("rhs", [w.upsert("rhs", {"id": i, "value": f"r{i}"}, i) for i in (1, 2)])
+    w.write("lhs", [w.upsert("lhs", {"id": k, "fk": 1 + n % 2, "v": n}, 10 + n) for n, k in enumerate("abc")])
+    return pipeline, w
+
+
+@pytest.mark.parametrize("killed_after", ["state:lhs", "state:rhs", "subscription:rhs", "silver"])
+def test_a_full_refresh_killed_part_way_is_repaired_by_the_next_run(tmp_path, spark, storage, killed_after):
+    pipeline, w = _joined(tmp_path, spark, storage)
+    pipeline.run()
+    w.write("rhs", [w.upsert("rhs", {"id": 1, "value": "r1*"}, 20)])
+    w.write("lhs", [w.upsert("lhs", {"id": "d", "fk": 2, "v": 9}, 21)])
+    with pytest.raises(SimulatedCrash):
+        pipeline.full_refresh(crash_after=killed_after)
+    pipeline.run()
+    want = {("a", 1, 0, "r1*"), ("b", 2, 1, "r2"), ("c", 1, 2, "r1*"), ("d", 2, 9, "r2")}
+    assert silver_rows(pipeline) == want
+    assert pipeline.verify().ok
+    w.write("rhs", [w.upsert("rhs", {"id": 2, "value": "r2*"}, 22)])
+    pipeline.run()
+    assert silver_rows(pipeline) == {(k, fk, v, "r2*" if fk == 2 else "r1*") for k, fk, v, _ in want}
+
+
+def test_a_full_refresh_killed_part_way_then_run_again_converges(tmp_path, spark, storage):
+    pipeline, w = _joined(tmp_path, spark, storage)
+    pipeline.run()
+    w.write("lhs", [w.delete("lhs", {"id": "a", "fk": 1, "v": 0}, 30)])
+    with pytest.raises(SimulatedCrash):
+        pipeline.full_refresh(crash_after="state:rhs")
+    pipeline.full_refresh()
+    assert silver_rows(pipeline) == {("b", 2, 1, "r2"), ("c", 1, 2, "r1")}
+    assert pipeline.verify().ok
+
+
+def test_verify_sees_a_damaged_state_table_even_when_silver_still_matches(tmp_path, spark, storage):
+    pipeline, _ = _joined(tmp_path, spark, storage)
+    pipeline.run()
+    path = pipeline.config.state_path("rhs")
+    # A state table that lost a row (as the old full refresh could leave it): silver still
+    # matches, but the next change of that key would build from nothing.
+    storage.delete(path, "id = 2")
+    report = pipeline.verify()
+    assert report.silver_ok and not report.ok
+    assert report.state_differences == {"lhs": 0, "rhs": 1}
+    assert "state table of rhs" in report.summary()
+    repaired = pipeline.verify(repair=True)
+    assert repaired.repaired and repaired.ok
+
+
+def test_full_refresh_and_repair_remove_silver_rows_without_a_source_row(tmp_path, spark, storage):
+    pipeline, _ = _joined(tmp_path, spark, storage)
+    pipeline.run()
+    silver = pipeline.config.silver_path
+    row = storage.read(silver).limit(1).withColumn("_pk_id", F.lit("zz")).withColumn("key", F.lit("zz"))
+    storage.append(silver, row)  # written by hand, or by an old bug
+    report = pipeline.verify()
+    assert report.extra == 1 and not report.ok
+    pipeline.full_refresh()
+    assert ("zz", 1, 0, "r1") not in silver_rows(pipeline) and len(silver_rows(pipeline)) == 3
+    assert pipeline.verify().ok
+
+
+@pytest.mark.parametrize("batches", ["one batch", "two batches", "late file lands first"])
+def test_equal_sequences_go_to_the_later_file_then_line_whatever_the_batching(
+    tmp_path, spark, storage, batches
+):
+    pipeline, w = make_pipeline(tmp_path, spark, storage, join_type="left")
+    w.write("rhs", [w.upsert("rhs", {"id": 1, "value": "one"}, 1)])
+    first, second = (w.upsert("lhs", {"id": "k", "fk": 1, "v": v}, 5) for v in (1, 2))  # same lsn
+    if batches == "one batch":
+        w.write("lhs", [first, second], name="lhs-a.jsonl")
+        pipeline.run()
+    elif batches == "two batches":
+        w.write("lhs", [first], name="lhs-a.jsonl")
+        pipeline.run()
+        w.write("lhs", [second], name="lhs-b.jsonl")
+        pipeline.run()
+    else:
+        w.write("lhs", [second], name="lhs-b.jsonl")
+        pipeline.run()
+        w.write("lhs", [first], name="lhs-a.jsonl")
+        pipeline.run()
+    assert silver_rows(pipeline) == {("k", 1, 2, "one")}
+    assert pipeline.verify().ok
+
+
+def test_a_column_that_widens_evolves_bronze_state_and_silver(tmp_path, spark, storage):
+    pipeline, w = make_pipeline(
+        tmp_path,
+        spark,
+        storage,
+        tables={
+            "lhs": {"id": "string", "fk": "int64", "v": "int32"},
+            "rhs": {"id": "int64", "value": "string"},
+        },
+        join_type="left",
+    )
+    w.write("rhs", [w.upsert("rhs", {"id": 1, "value": "one"}, 1)])
+    w.write("lhs", [w.upsert("lhs", {"id": "k", "fk": 1, "v": 1}, 2)])
+    pipeline.run()
+    w.tables["lhs"]["v"] = "int64"  # the source column became a BIGINT
+    w.write("lhs", [w.upsert("lhs", {"id": "m", "fk": 1, "v": 3_000_000_000}, 3)])
+    report = pipeline.run()
+    assert report.quarantined() == {}
+    assert silver_rows(pipeline) == {("k", 1, 1, "one"), ("m", 1, 3_000_000_000, "one")}
+    cfg = pipeline.config
+    assert storage.schema(cfg.bronze_path("lhs"))["_after"].dataType["v"].dataType.simpleString() == "bigint"
+    assert storage.schema(cfg.state_path("lhs"))["v"].dataType.simpleString() == "bigint"
+    assert storage.schema(cfg.silver_path)["v"].dataType.simpleString() == "bigint"
+    assert pipeline.verify().ok
+
+
+def test_a_type_change_that_cannot_widen_is_quarantined_and_the_run_exits_3(tmp_path, spark, storage, capsys):
+    pipeline, w = make_pipeline(tmp_path, spark, storage, join_type="left")
+    config = str(pipeline.config.config_path)
+    w.write("rhs", [w.upsert("rhs", {"id": 1, "value": "one"}, 1)])
+    w.write("lhs", [w.upsert("lhs", {"id": "k", "fk": 1, "v": 1}, 2)])
+    assert cli.main(["--storage", "delta-rs", "-q", "run", config]) == 0
+    w.tables["lhs"]["v"] = "string"  # the source column became text: no widening
+    w.write("lhs", [w.upsert("lhs", {"id": "k", "fk": 1, "v": "seven"}, 3)])
+    assert cli.main(["--storage", "delta-rs", "-q", "run", config]) == 3
+    out = capsys.readouterr().out
+    assert "1 line(s) of lhs quarantined" in out
+    assert cli.main(["--storage", "delta-rs", "quarantine", config]) == 0
+    assert "type changed from bigint to string" in capsys.readouterr().out
+    assert silver_rows(pipeline) == {("k", 1, 1, "one")}
+    # With on_quarantine: warn the same problem only warns.
+    text = pipeline.config.config_path.read_text() + "on_quarantine: warn\n"
+    pipeline.config.config_path.write_text(text)
+    w.write("lhs", [w.upsert("lhs", {"id": "k", "fk": 1, "v": "eight"}, 4)])
+    assert cli.main(["--storage", "delta-rs", "-q", "run", config]) == 0
+
+
+def test_a_truncate_is_applied_once_not_again_by_every_later_batch(tmp_path, spark, storage):
+    pipeline, w = _joined(tmp_path, spark, storage)
+    pipeline.run()
+    w.write("rhs", [w.event("rhs", "t", lsn=40)])
+    report = pipeline.run()
+    assert report.steps["state:rhs"]["truncated"] == 2
+    assert silver_rows(pipeline) == {("a", 1, 0, None), ("b", 2, 1, None), ("c", 1, 2, None)}
+    w.write("rhs", [w.upsert("rhs", {"id": 1, "value": "back"}, 41)])
+    report = pipeline.run()
+    assert report.steps["state:rhs"]["truncated"] == 0
+    assert report.steps["state:rhs"]["keys_changed"] == 1
+    assert silver_rows(pipeline) == {("a", 1, 0, "back"), ("b", 2, 1, None), ("c", 1, 2, "back")}
+    assert pipeline.verify().ok
+
+
+def test_bronze_without_a_change_feed_is_read_as_a_snapshot_on_a_first_run_and_a_refresh(
+    tmp_path, spark, storage
+):
+    """Bronze tables written by another tool: no change feed to replay from version 0."""
+    feeder, _ = _joined(tmp_path / "feeder", spark, storage)
+    feeder.run()
+    spec = json.loads(json.dumps(yaml.safe_load(feeder.config.config_path.read_text())))
+    for name in ("lhs", "rhs"):
+        target = str(tmp_path / "other_tool" / name)
+        rows = storage.read(feeder.config.bronze_path(name))
+        storage.create(target, rows.schema, cdf=False)
+        storage.append(target, rows)
+        spec["sources"][name] = {"bronze": target, "primary_key": spec["sources"][name]["primary_key"]}
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "pipeline.yml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    pipeline = Pipeline(load_config(tmp_path / "p" / "pipeline.yml"), spark, storage)
+    pipeline.run(ingest=False)
+    assert silver_rows(pipeline) == silver_rows(feeder)
+    pipeline.full_refresh(ingest=False)
+    assert pipeline.verify().ok
+    # Later appends by the other tool are read without a change feed too.
+    more = storage.read(feeder.config.bronze_path("lhs")).limit(1)
+    more = more.withColumn("_after", F.col("_after").withField("v", F.lit(99).cast("long")))
+    more = more.withColumn("_seq", F.concat(F.lit("9"), F.col("_seq"))).withColumn(
+        "_file", F.lit("late.jsonl")
+    )
+    storage.append(str(tmp_path / "other_tool" / "lhs"), more)
+    pipeline.run(ingest=False)
+    assert 99 in {r[2] for r in silver_rows(pipeline)}
+    assert pipeline.verify().ok
+
+
+def test_a_right_source_without_events_stops_the_run_and_says_what_to_declare(
+    tmp_path, spark, storage, capsys
+):
+    pipeline, w = make_pipeline(tmp_path, spark, storage, join_type="left")
+    w.write("lhs", [w.upsert("lhs", {"id": "k", "fk": 1, "v": 1}, 1)])
+    with pytest.raises(SourceNotReadyError, match=r"'rhs'.*sources\.rhs\.columns"):
+        pipeline.run()
+    assert cli.main(["--storage", "delta-rs", "run", str(pipeline.config.config_path)]) == 3
+    assert "sources.rhs.columns" in capsys.readouterr().err
+
+
+def test_a_declared_source_joins_before_its_first_event(tmp_path, spark, storage):
+    pipeline, w = make_pipeline(tmp_path, spark, storage, join_type="left")
+    path = pipeline.config.config_path
+    spec = yaml.safe_load(path.read_text())
+    spec["sources"]["rhs"]["columns"] = {"id": "bigint", "value": "string"}
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    pipeline = Pipeline(load_config(path), spark, storage)
+    w.write("lhs", [w.upsert("lhs", {"id": "k", "fk": 1, "v": 1}, 1)])
+    pipeline.run()
+    assert silver_rows(pipeline) == {("k", 1, 1, None)}
+    w.write("rhs", [w.upsert("rhs", {"id": 1, "value": "one"}, 2)])
+    pipeline.run()
+    assert silver_rows(pipeline) == {("k", 1, 1, "one")}
+    assert pipeline.verify().ok
+
+
+def test_a_left_source_without_events_is_a_warning_not_an_error(tmp_path, spark, storage):
+    pipeline, w = make_pipeline(tmp_path, spark, storage, join_type="left")
+    w.write("rhs", [w.upsert("rhs", {"id": 1, "value": "one"}, 1)])
+    report = pipeline.run()
+    assert any("'lhs'" in warning for warning in report.warnings)
+    assert "WARNING" in report.summary()
+    assert not storage.exists(pipeline.config.silver_path)
+
+
+def test_a_killed_run_leaves_rows_of_its_run_id_that_the_rerun_treats_as_changed(tmp_path, spark, storage):
+    """The old images a rerun derives instructions from are those of the last completed run."""
+    pipeline, w = _joined(tmp_path, spark, storage)
+    pipeline.run()
+    w.write("lhs", [w.upsert("lhs", {"id": "a", "fk": 2, "v": 5}, 50)])
+    with pytest.raises(SimulatedCrash):
+        pipeline.run(crash_after="state:lhs")
+    state = pipeline.config.state_path("lhs")
+    assert storage.read(state).filter(F.col(RUN) == 2).count() == 1  # the killed attempt's row
+    w.write("lhs", [w.upsert("lhs", {"id": "a", "fk": 1, "v": 6}, 51)])  # and it moves back
+    pipeline.run()
+    assert silver_rows(pipeline) == {("a", 1, 6, "r1"), ("b", 2, 1, "r2"), ("c", 1, 2, "r1")}
+    w.write("rhs", [w.upsert("rhs", {"id": 2, "value": "r2*"}, 52)])
+    pipeline.run()
+    assert silver_rows(pipeline) == {("a", 1, 6, "r1"), ("b", 2, 1, "r2*"), ("c", 1, 2, "r1")}
+    assert pipeline.verify().ok
