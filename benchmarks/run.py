@@ -97,7 +97,7 @@ def run_batch(
     silver = report.steps.get("silver", {})
     changed = int(silver.get("inserted", 0)) + int(silver.get("updated", 0)) + int(silver.get("deleted", 0))
     written = silver.get("rows_written")
-    sub = report.steps.get("lookup:customer", {})
+    sub = report.steps.get("lookup", {}).get("customer", {})
     live = wl.live_counts()
     return {
         "batch": batch.number,
@@ -118,8 +118,8 @@ def run_batch(
         "speedup": round(full / incremental, 2),
         "speedup_with_ingest": round((ingest + full) / with_ingest, 2),
         "plan": report.steps.get("plan", {}).get("decision", "incremental"),
-        "subscription_files_scanned": sub.get("subscription_files_scanned"),
-        "subscription_files_total": sub.get("subscription_files_total"),
+        "subscription_files_scanned": sub.get("files_scanned"),
+        "subscription_files_total": sub.get("files_total"),
         "silver_rows_written": written,
         "silver_rows_changed": changed,
         "write_amplification": round(written / changed, 2) if written is not None and changed else None,

@@ -22,10 +22,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
+from cdc_join.changeset import arrow_of
 from cdc_join.config import PipelineConfig
 from cdc_join.errors import SourceNotReadyError, StorageError
 from cdc_join.report import RunReport
@@ -101,9 +104,18 @@ def prepare(storage: Storage, config: PipelineConfig, report: RunReport) -> Read
     return Ready({name: storage.version(config.bronze_path(name)) for name in config.sources})
 
 
+@dataclass(frozen=True)
+class Increment:
+    """Bronze rows a run applies to a source's state, with their Arrow copy when the storage
+    backend handed them over on the driver (then keys are read without a Spark job)."""
+
+    frame: DataFrame
+    arrow: pa.Table | None = None
+
+
 def increment(
     storage: Storage, config: PipelineConfig, name: str, previous: Checkpoint, end: int
-) -> DataFrame | None:
+) -> Increment | None:
     """The bronze rows a run applies to a source's state: ``None`` when there are none.
 
     The change feed's inserts in versions after the checkpoint's, up to ``end``; the snapshot at
@@ -112,23 +124,33 @@ def increment(
     path = config.bronze_path(name)
     start = previous.bronze_versions.get(name)
     if start is None:
-        return storage.read(path, end)
+        return Increment(storage.read(path, end))
     if start >= end:
         return None
     try:
         changes = storage.read_changes(path, start + 1, end)
-        return changes.filter(F.col("_change_type") == "insert").drop("_change_type", "_commit_version")
     except StorageError:
-        pass
-    # No change feed (a bronze table another tool writes without one, or its history is gone):
-    # the files added since the checkpoint hold the new rows of an append-only table. Rows of
-    # rewritten files come again, which applying state tolerates (it keeps the newest per key).
+        # No change feed (a bronze table another tool writes without one, or its history is
+        # gone): the files added since the checkpoint hold the new rows of an append-only
+        # table. Rows of rewritten files come again, which applying tolerates.
+        return _added_rows(storage, path, start, end)
+    inserts = changes.filter(F.col("_change_type") == "insert").drop("_change_type", "_commit_version")
+    arrow = arrow_of(changes)
+    if arrow is not None:
+        arrow = arrow.filter(pc.equal(arrow.column("_change_type"), "insert")).drop_columns(
+            ["_change_type", "_commit_version"]
+        )
+    return Increment(inserts, arrow)
+
+
+def _added_rows(storage: Storage, path: str, start: int, end: int) -> Increment | None:
+    """The rows of the data files added between two versions of an append-only table."""
     try:
         seen = {f.path for f in storage.files(path, start)}
         added = [f.path for f in storage.files(path, end) if f.path not in seen]
     except StorageError:
-        return storage.read(path, end)  # not even the checkpoint's version is left: reapply all
-    return storage.read(path, end, files=added) if added else None
+        return Increment(storage.read(path, end))  # not even the checkpoint's version is left
+    return Increment(storage.read(path, end, files=added)) if added else None
 
 
 def empty(storage: Storage, config: PipelineConfig, name: str, version: int) -> DataFrame:

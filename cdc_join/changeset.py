@@ -13,14 +13,18 @@ a run writes), never a whole table; that is what keeps a run's memory bounded by
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import to_arrow_schema as _to_arrow_schema
 from pyspark.sql.types import StructField, StructType
+
+from cdc_join.schemas import nullable, quote
 
 #: Attribute under which a frame carries its Arrow copy (read by the delta-rs backend, which
 #: would otherwise collect the frame to Arrow a second time).
@@ -103,14 +107,59 @@ def materialize(df: DataFrame) -> ChangeSet:
     return ChangeSet(df.sparkSession, df.schema, df.toArrow())
 
 
+def materialize_all(frames: Sequence[DataFrame]) -> list[ChangeSet]:
+    """Run several frames as one Spark action and return each one's rows.
+
+    Each frame's columns are packed into a struct column of its own, the frames are unioned
+    with a tag saying which one a row belongs to, and the union is collected once; the rows are
+    split again on the driver. A step with several outputs (instructions, checked responses,
+    silver rows) so pays for one job, not one per output.
+    """
+    if len(frames) == 1:
+        return [materialize(frames[0])]
+    # Every field nullable: a row of one frame holds nulls in the other frames' columns.
+    packed = [F.struct(*[_nullable_column(x.name, x.dataType) for x in f.schema]) for f in frames]
+    types = [f.select(p.alias("p")).schema["p"].dataType for f, p in zip(frames, packed, strict=True)]
+    parts = [
+        frame.select(
+            F.lit(i).alias("__part"),
+            *[
+                (packed[j] if j == i else F.lit(None).cast(types[j])).alias(f"__p{j}")
+                for j in range(len(frames))
+            ],
+        )
+        for i, frame in enumerate(frames)
+    ]
+    table = functools.reduce(DataFrame.unionAll, parts).toArrow()
+    out = []
+    for i, frame in enumerate(frames):
+        mine = table.filter(pc.equal(table.column("__part"), i))
+        out.append(
+            ChangeSet(frame.sparkSession, frame.schema, rows_of_struct(mine, f"__p{i}", schema=frame.schema))
+        )
+    return out
+
+
+def _nullable_column(name: str, data_type: Any) -> Any:
+    # CASE WHEN without ELSE is nullable (a literal condition would be folded away), and the
+    # cast makes nested fields nullable too.
+    column = F.col(quote(name))
+    return F.when(column.isNotNull(), column.cast(nullable(data_type))).alias(name)
+
+
 def from_arrow(spark: SparkSession, schema: StructType, table: pa.Table) -> ChangeSet:
     """A :class:`ChangeSet` over ``table``, whose columns are those of ``schema``."""
     return ChangeSet(spark, schema, table)
 
 
+def arrow_schema(schema: StructType) -> pa.Schema:
+    """The Arrow schema of rows of a Spark schema (timestamps as UTC instants)."""
+    return _to_arrow_schema(schema, timezone="UTC")
+
+
 def empty(spark: SparkSession, schema: StructType) -> ChangeSet:
     """A change set without rows."""
-    return ChangeSet(spark, schema, to_arrow_schema(schema).empty_table())
+    return ChangeSet(spark, schema, arrow_schema(schema).empty_table())
 
 
 def collect(df: DataFrame) -> pa.Table:
@@ -129,13 +178,16 @@ def distinct_rows(table: pa.Table, columns: Sequence[str]) -> pa.Table:
     return table.select(list(columns)).group_by(list(columns), use_threads=False).aggregate([])
 
 
-def rows_of_struct(table: pa.Table, column: str, *, where: str | None = None) -> pa.Table:
+def rows_of_struct(
+    table: pa.Table, column: str, *, where: str | None = None, schema: StructType | None = None
+) -> pa.Table:
     """The fields of a struct column as a table of their own, of the rows where ``where`` holds."""
     if where is not None:
         table = table.filter(pc.fill_null(table.column(where), False))
     structs = table.column(column).combine_chunks()
     if len(structs) == 0:
-        return pa.Table.from_batches([], pa.schema(list(structs.type)))
+        arrow = arrow_schema(schema) if schema is not None else pa.schema(list(structs.type))
+        return arrow.empty_table()
     return pa.Table.from_struct_array(structs)
 
 

@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from cdc_join.config import PipelineConfig
-from cdc_join.state import Applied
 from cdc_join.storage import Storage
 
 #: What a run may be told to do: let the rule decide, or force either plan.
@@ -118,23 +117,19 @@ def choose_plan(
 def decide(
     storage: Storage,
     config: PipelineConfig,
-    applied: Mapping[str, Applied],
-    pinned: Mapping[str, int],
+    changed: Mapping[str, int],
     plan: str = "auto",
-    *,
     first_run: bool = False,
 ) -> PlanDecision:
-    """The rule's decision for a run that applied ``applied``, from file statistics only;
-    ``plan`` other than ``auto`` overrides it (the reason says so)."""
+    """The rule's decision for a run whose sources have ``changed`` keys, from file statistics
+    only; ``plan`` other than ``auto`` overrides it (the reason says so)."""
     decision = choose_plan(
         first_run=first_run,
-        left_rows=_rows(storage, config.state_path(config.left), pinned[config.left]),
-        changed_left_keys=None if first_run else applied[config.left].changes.rows,
-        changed_right_keys={j.alias: applied[j.right].changes.rows for j in config.joins},
+        left_rows=_rows(storage, config.state_path(config.left)),
+        changed_left_keys=None if first_run else changed[config.left],
+        changed_right_keys={j.alias: changed[j.right] for j in config.joins},
         subscription_rows={j.alias: _rows(storage, config.subscription_path(j)) for j in config.joins},
-        right_rows={
-            j.alias: _rows(storage, config.state_path(j.right), pinned[j.right]) for j in config.joins
-        },
+        right_rows={j.alias: _rows(storage, config.state_path(j.right)) for j in config.joins},
     )
     if plan != "auto" and not first_run and decision.recompute != (plan == "recompute"):
         reason = f"forced by plan={plan} (the rule said: {decision.reason})"

@@ -31,8 +31,10 @@ from dataclasses import astuple, dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.errors import AnalysisException
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     LongType,
@@ -42,6 +44,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from cdc_join.changeset import ChangeSet, arrow_schema, from_arrow, materialize
 from cdc_join.config import PipelineConfig
 from cdc_join.debezium import QUARANTINE_SCHEMA, ParsedBatch, parse_events
 from cdc_join.errors import InputError
@@ -177,17 +180,77 @@ def _ingest_files(
     pending: Sequence[LandedFile],
     after_step: StepHook | None,
 ) -> dict[str, _FileCounts]:
-    """Read and parse ``pending`` once (both cached), then write; see :func:`_write_all`."""
+    """Parse ``pending`` (one Spark job for the batch's schemas, one for its lines), then write."""
     lines = read_lines(spark, pending).persist()
     try:
         known = _known_row(storage, config.bronze_path(source_name))
-        parsed = parse_events(lines, config.sources[source_name], known).persist()
-        try:
-            return _write_all(spark, storage, config, source_name, pending, parsed, after_step)
-        finally:
-            parsed.unpersist()
+        parsed = parse_events(lines, config.sources[source_name], known)
+        outcome = _Outcome.of(parsed, source_name, datetime.now(timezone.utc))
     finally:
         lines.unpersist()
+    return _write_all(spark, storage, config, source_name, pending, outcome, after_step)
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """A parsed batch on the driver: its events and quarantined lines as change sets ready to
+    write, and per file the count of each outcome."""
+
+    events: ChangeSet
+    quarantine: ChangeSet
+    counts: dict[str, _FileCounts]
+    row_schema: StructType
+    ingested_at: datetime
+
+    @classmethod
+    def of(cls, parsed: ParsedBatch, source_name: str, ingested_at: datetime) -> _Outcome:
+        """Collect every line's outcome in one Spark job and cut it on the driver."""
+        columns = (
+            "_file",
+            "_line",
+            "__kind",
+            "__reason AS reason",
+            *(f"{c} AS {n}" for n, c in _EVENT_SOURCES),
+        )
+        lines = materialize(parsed.classified.selectExpr(*columns))
+        stamp = pa.array([ingested_at] * lines.rows, pa.timestamp("us", tz="UTC"))
+        table = lines.table.append_column("_ingested_at", stamp)
+        kind = table.column("__kind")
+        event_schema = StructType(
+            [*parsed.events.schema.fields, StructField("_ingested_at", TimestampType())]
+        )
+        events = table.filter(pc.equal(kind, "event")).select(event_schema.names)
+        quarantined = table.filter(pc.equal(kind, "quarantine"))
+        quarantined = quarantined.append_column(
+            "source", pa.array([source_name] * quarantined.num_rows, pa.string())
+        )
+        quarantined = quarantined.rename_columns(
+            ["raw" if c == "_raw" else c for c in quarantined.column_names]
+        )
+        spark = parsed.events.sparkSession
+        return cls(
+            events=from_arrow(spark, event_schema, events.cast(arrow_schema(event_schema))),
+            quarantine=from_arrow(
+                spark,
+                QUARANTINE_TABLE_SCHEMA,
+                quarantined.select(QUARANTINE_TABLE_SCHEMA.names).cast(arrow_schema(QUARANTINE_TABLE_SCHEMA)),
+            ),
+            counts=_counts_by_file(table),
+            row_schema=parsed.row_schema,
+            ingested_at=ingested_at,
+        )
+
+
+#: Bronze event columns and the classified columns they come from.
+_EVENT_SOURCES = (
+    ("_op", "__op"),
+    ("_seq", "_seq"),
+    ("_seq_values", "_seq_values"),
+    ("_ts_ms", "_ts_ms"),
+    ("_before", "__before"),
+    ("_after", "__after"),
+    ("_raw", "value"),
+)
 
 
 def _write_all(
@@ -196,23 +259,21 @@ def _write_all(
     config: PipelineConfig,
     source_name: str,
     pending: Sequence[LandedFile],
-    parsed: ParsedBatch,
+    outcome: _Outcome,
     after_step: StepHook | None,
 ) -> dict[str, _FileCounts]:
     """The three writes, in the order that makes a killed run safe to repeat."""
-    counts = _counts_by_file(parsed)
-    ingested_at = datetime.now(timezone.utc)
-    stamp = F.lit(ingested_at).cast(TimestampType())
-    _write_bronze(storage, config.bronze_path(source_name), source_name, parsed, stamp, counts)
+    _write_bronze(storage, config.bronze_path(source_name), source_name, outcome)
     _after(after_step, "bronze")
-    if any(c.quarantined for c in counts.values()):
+    if outcome.quarantine.rows:
         storage.create(config.quarantine_path, QUARANTINE_TABLE_SCHEMA, cdf=True)
-        quarantined = parsed.quarantine.withColumn("_ingested_at", stamp)
-        storage.merge(config.quarantine_path, quarantined, _QUARANTINE_MERGE)
+        storage.merge(config.quarantine_path, outcome.quarantine.frame, _QUARANTINE_MERGE)
     _after(after_step, "quarantine")
-    _append_log(spark, storage, config.ingest_log_path, source_name, pending, counts, ingested_at)
+    _append_log(
+        spark, storage, config.ingest_log_path, source_name, pending, outcome.counts, outcome.ingested_at
+    )
     _after(after_step, "log")
-    return counts
+    return outcome.counts
 
 
 def _after(hook: StepHook | None, step: str) -> None:
@@ -220,19 +281,12 @@ def _after(hook: StepHook | None, step: str) -> None:
         hook(step)
 
 
-def _write_bronze(
-    storage: Storage,
-    path: str,
-    source_name: str,
-    parsed: ParsedBatch,
-    stamp: Column,
-    counts: Mapping[str, _FileCounts],
-) -> None:
-    if not any(c.events for c in counts.values()):
+def _write_bronze(storage: Storage, path: str, source_name: str, outcome: _Outcome) -> None:
+    if not outcome.events.rows:
         return
-    rows = parsed.events.withColumn("_ingested_at", stamp)
+    rows = outcome.events.frame
     if not storage.exists(path):
-        if not parsed.row_schema.fields:
+        if not outcome.row_schema.fields:
             raise InputError(
                 f"source {source_name!r}: the first events have no row columns to create bronze with "
                 "(only truncates, or images holding only nulls)"
@@ -254,30 +308,31 @@ def _append_log(
     counts: Mapping[str, _FileCounts],
     ingested_at: datetime,
 ) -> None:
-    """One row per file read, including files without a single line."""
+    """One row per file read, including files without a single line (built on the driver)."""
     rows = []
     for f in pending:
         c = counts.get(f.name, _FileCounts())
         rows.append(
             (source_name, f.name, f.size, c.lines, c.events, c.quarantined, c.tombstones, ingested_at)
         )
-    storage.create(path, INGEST_LOG_SCHEMA, cdf=True)
-    storage.append(path, spark.createDataFrame(rows, INGEST_LOG_SCHEMA))
-
-
-def _counts_by_file(parsed: ParsedBatch) -> dict[str, _FileCounts]:
-    """Per-file outcome counts, in one job over the (persisted) classified lines."""
-    rows = (
-        parsed.classified.groupBy("_file")
-        .agg(
-            F.count(F.lit(1)).alias("lines"),
-            F.count_if(F.col("__kind") == "event").alias("events"),
-            F.count_if(F.col("__kind") == "quarantine").alias("quarantined"),
-            F.count_if(F.col("__kind") == "tombstone").alias("tombstones"),
-        )
-        .collect()
+    table = pa.Table.from_pylist(
+        [dict(zip(INGEST_LOG_SCHEMA.names, r, strict=True)) for r in rows],
+        schema=arrow_schema(INGEST_LOG_SCHEMA),
     )
-    return {r["_file"]: _FileCounts(r["lines"], r["events"], r["quarantined"], r["tombstones"]) for r in rows}
+    storage.create(path, INGEST_LOG_SCHEMA, cdf=True)
+    storage.append(path, from_arrow(spark, INGEST_LOG_SCHEMA, table).frame)
+
+
+def _counts_by_file(lines: pa.Table) -> dict[str, _FileCounts]:
+    """Per-file outcome counts of the batch's lines (on the driver)."""
+    grouped = lines.group_by(["_file", "__kind"]).aggregate([("_line", "count")]).to_pylist()
+    by_file: dict[str, dict[str, int]] = {}
+    for row in grouped:
+        by_file.setdefault(row["_file"], {})[row["__kind"]] = row["_line_count"]
+    return {
+        name: _FileCounts(sum(k.values()), k.get("event", 0), k.get("quarantine", 0), k.get("tombstone", 0))
+        for name, k in by_file.items()
+    }
 
 
 def _ingested_by_source(storage: Storage, config: PipelineConfig) -> dict[str, set[str]]:
@@ -285,17 +340,15 @@ def _ingested_by_source(storage: Storage, config: PipelineConfig) -> dict[str, s
     if not storage.exists(config.ingest_log_path):
         return {}
     done: dict[str, set[str]] = {}
-    for r in storage.read(config.ingest_log_path).select("source", "file").distinct().collect():
-        done.setdefault(r["source"], set()).add(r["file"])
+    log = storage.read_arrow(config.ingest_log_path, columns=["source", "file"])
+    for source, file in zip(log.column("source").to_pylist(), log.column("file").to_pylist(), strict=True):
+        done.setdefault(source, set()).add(file)
     return done
 
 
 def ingested_files(storage: Storage, config: PipelineConfig, source_name: str) -> set[str]:
     """Names of the landing files of ``source_name`` the ingest log records as done."""
-    if not storage.exists(config.ingest_log_path):
-        return set()
-    log = storage.read(config.ingest_log_path).filter(F.col("source") == source_name)
-    return {r["file"] for r in log.select("file").distinct().collect()}
+    return _ingested_by_source(storage, config).get(source_name, set())
 
 
 def _known_row(storage: Storage, bronze_path: str) -> StructType | None:

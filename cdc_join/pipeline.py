@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from pyspark.sql import SparkSession
 
 from cdc_join import bronze, cost, lookup, resolve, runlog, silver, state, subscription, verify
-from cdc_join.changeset import collect
+from cdc_join.changeset import ChangeSet, collect, materialize_all
 from cdc_join.config import PipelineConfig
 from cdc_join.ingest import ingest_all
 from cdc_join.report import RunReport, SparkJobs
@@ -104,25 +104,27 @@ class Pipeline:
             report.steps["plan"] = {"decision": "recompute", "reason": f"{reason}: state rebuilt from bronze"}
             self._recompute(pinned, report, begin)
             return Checkpoint(run_id, versions, pinned, watermarks)
-        applied = {}
-        for name in cfg.sources:
-            with report.step(f"state:{name}") as counts:
-                events = bronze.increment(store, cfg, name, previous, versions[name])
-                prior = state.Previous(
-                    previous.state_versions.get(name), previous.watermarks.get(name), previous.run_id
-                )
-                applied[name] = state.apply(
-                    store, cfg.state_path(name), cfg.sources[name], events, prior, run_id
-                )
-                counts.update(applied[name].as_counts())
-        pinned = {name: a.version for name, a in applied.items()}
         with report.step("plan") as counts:
-            decision = cost.decide(store, cfg, applied, pinned, plan, first_run=first_run)
+            changes = {
+                name: state.plan(
+                    store,
+                    cfg.state_path(name),
+                    cfg.sources[name],
+                    bronze.increment(store, cfg, name, previous, versions[name]),
+                    _previous(previous, name),
+                    run_id,
+                )
+                for name in cfg.sources
+            }
+            decision = cost.decide(store, cfg, {n: c.keys.rows for n, c in changes.items()}, plan, first_run)
             counts.update(decision.as_report())
+        subscribers = {} if decision.recompute else self._subscribers(changes, report)
+        applied, left_current = self._apply(changes, subscribers, previous, report)
+        pinned = {name: a.version for name, a in applied.items()}
         if decision.recompute:
             self._recompute(pinned, report, begin)
         else:
-            self._incremental(applied, pinned, report, begin)
+            self._incremental(applied[cfg.left].changes, left_current, subscribers, pinned, report, begin)
         return Checkpoint(
             run_id, versions, pinned, {n: a.watermark for n, a in applied.items() if a.watermark}
         )
@@ -145,40 +147,90 @@ class Pipeline:
                     watermarks[name] = watermark
         return pinned, watermarks
 
-    def _incremental(
-        self, applied: Mapping[str, state.Applied], pinned: dict[str, int], report: RunReport, begin: RunStart
-    ) -> None:
-        """The KIP-213 path: instructions and lookups for the changed keys only."""
+    def _subscribers(
+        self, changes: Mapping[str, state.SourceChanges], report: RunReport
+    ) -> dict[str, ChangeSet]:
+        """Per join, the current subscribers of its changed right keys (one Spark job for all)."""
+        cfg, store = self.config, self.storage
+        with report.step("lookup") as counts:
+            found = {}
+            for join in cfg.joins:
+                keys = lookup.changed_right_keys(changes[join.right].keys, cfg.sources[join.right], join)
+                path = cfg.subscription_path(join)
+                if keys.rows and store.exists(path):
+                    found[join.alias], scans = lookup.subscribers(store, cfg, join, keys, store.version(path))
+                    counts[join.alias] = {"right_keys_changed": keys.rows, **scans.as_counts()}
+            done = dict(zip(found, materialize_all(list(found.values())), strict=True)) if found else {}
+            for alias, rows in done.items():
+                counts[alias]["subscribers"] = rows.rows
+            return done
+
+    def _apply(
+        self,
+        changes: Mapping[str, state.SourceChanges],
+        subscribers: Mapping[str, ChangeSet],
+        previous: Checkpoint,
+        report: RunReport,
+    ) -> tuple[dict[str, state.Applied], ChangeSet]:
+        """Apply every source's changes; the left images are read for the subscribers' keys too."""
         cfg, store, run_id = self.config, self.storage, report.run_id
-        left_changes = applied[cfg.left].changes
-        responses = {}
-        for join in cfg.joins:
-            with report.step(f"subscription:{join.alias}") as counts:
-                messages, subscribed = subscription.subscribe(store, cfg, join, left_changes, run_id)
-                counts.update(subscribed)
-            with report.step(f"lookup:{join.alias}") as counts:
-                right = lookup.changed_right_keys(applied[join.right].changes, cfg.sources[join.right], join)
-                version = store.version(cfg.subscription_path(join))
-                found, scans = lookup.responses(store, cfg, join, messages, right, pinned, version)
-                responses[join.alias] = found
-                counts.update(scans)
+        with report.step("state"):
+            frames = state.frames(
+                store, cfg, changes, subscribers, {n: _previous(previous, n) for n in cfg.sources}, run_id
+            )
+            done = dict(zip(frames, materialize_all(list(frames.values())), strict=True)) if frames else {}
+        applied = {}
+        for name in cfg.sources:
+            with report.step(f"state:{name}") as counts:
+                applied[name] = state.applied(
+                    store, cfg.state_path(name), cfg.sources[name], changes[name], done.get(name)
+                )
+                counts.update(applied[name].as_counts())
+        return applied, state.current(store, cfg.state_path(cfg.left), done.get(cfg.left))
+
+    def _incremental(
+        self,
+        left_changed: ChangeSet,
+        left_current: ChangeSet,
+        subscribers: Mapping[str, ChangeSet],
+        pinned: dict[str, int],
+        report: RunReport,
+        begin: RunStart,
+    ) -> None:
+        """The KIP-213 path: instructions, responses and rows for the changed keys only."""
+        cfg, store, run_id = self.config, self.storage, report.run_id
         with report.step("resolve") as counts:
-            resolved = resolve.resolve(store, cfg, responses, pinned, run_id)
+            resolved = resolve.incremental(
+                store, cfg, left_changed, left_current, subscribers, pinned, run_id
+            )
             counts.update(stale_dropped=resolved.stale_dropped, affected_keys=resolved.affected_keys)
         with report.step("silver") as counts:
-            if resolved.rows is None:
-                counts.update(silver.NOTHING)
-            else:
-                expected = silver.prepare(store, cfg, resolved.rows, begin.silver_version)
-                counts.update(silver.merge(store, cfg, resolved.rows, expected_version=expected).as_counts())
-        with report.step("cleanup") as counts:
-            counts["stale_subscriptions_removed"] = sum(
-                subscription.unsubscribe(
-                    store, cfg.subscription_path(j), resolved.orphans[j.alias], cfg.left_source, j, run_id
+            counts.update(self._merge(resolved.rows, begin) if resolved.rows is not None else silver.NOTHING)
+        for join in cfg.joins:
+            with report.step(f"subscription:{join.alias}") as counts:
+                path, messages = cfg.subscription_path(join), resolved.instructions.get(join.alias)
+                subscription.prepare(
+                    store, path, cfg.left_source, join, store.schema(cfg.state_path(cfg.left))
                 )
-                for j in cfg.joins
-                if j.alias in resolved.orphans
-            )
+                counts["instructions"] = messages.value_counts(subscription.INSTRUCTION) if messages else {}
+                if messages is not None:
+                    written = subscription.append_instructions(
+                        store, path, messages, cfg.left_source, join, run_id
+                    )
+                    counts.update(subscribed=written.subscribed, unsubscribed=written.unsubscribed)
+        with report.step("cleanup") as counts:
+            removed = 0
+            for join in cfg.joins:
+                orphans = resolved.orphans(join)
+                if orphans is not None and orphans.rows:
+                    path = cfg.subscription_path(join)
+                    removed += subscription.unsubscribe(store, path, orphans, cfg.left_source, join, run_id)
+            counts["stale_subscriptions_removed"] = removed
+
+    def _merge(self, rows: ChangeSet, begin: RunStart) -> dict[str, int | None]:
+        """MERGE rows into silver, created or widened first, guarded by the version seen at start."""
+        expected = silver.prepare(self.storage, self.config, rows.frame, begin.silver_version)
+        return silver.merge(self.storage, self.config, rows.frame, expected_version=expected).as_counts()
 
     def _recompute(self, pinned: dict[str, int], report: RunReport, begin: RunStart) -> None:
         """The whole join from the pinned state: subscriptions rebuilt, silver's differences MERGEd."""
@@ -206,3 +258,10 @@ class Pipeline:
             else:
                 counts.update(silver.NOTHING)
         report.steps["cleanup"] = {"stale_subscriptions_removed": "none left: subscriptions were rebuilt"}
+
+
+def _previous(checkpoint: Checkpoint, name: str) -> state.Previous:
+    """What the last completed run left of one source."""
+    return state.Previous(
+        checkpoint.state_versions.get(name), checkpoint.watermarks.get(name), checkpoint.run_id
+    )

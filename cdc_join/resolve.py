@@ -1,17 +1,18 @@
-"""Responses → the left keys to recompute, after the KIP-213 stale check; keys → silver rows.
+"""Changes → the left keys to recompute, after the KIP-213 stale check; keys → silver rows.
 
-A response was computed for some left value (its fk and lhs hash). It counts only if that is
-still the current left value: the left row is live, its foreign key equals the response's and
-its hash equals the response's. Anything else is stale — a left row that moved on after the
-subscription was read, a leftover subscription of a crashed run — and is dropped and counted;
-the current left value has (or will get) its own response. A ``DELETE_KEY_AND_PROPAGATE``
-response is current when the left row is gone. Foreign keys compare in normalized form
-(:func:`cdc_join.subscription.normalized_fk`), so a key with a null part is "no key" on both
-sides.
+A run recomputes the silver row of every left key that changed, and of every subscriber of a
+changed right key whose subscription is still current (its response, in KIP-213's words). A
+subscription was made for some left value (its fk and lhs hash); it counts only if that is
+still the current left value: the left row is live, its foreign key equals the subscription's
+and its hash equals the subscription's. Anything else is stale — a left row that moved on, a
+leftover subscription of a crashed run — and is dropped and counted; a subscription whose left
+row is gone or has another fk is a leftover, and is removed. Left keys that changed in the run
+answer for themselves (their own instructions replace their subscriptions).
 
 Rows are then built (:func:`build_rows`) for the affected keys from the current left row and,
-per join, the current right row its foreign key names: the same builder makes every silver row,
-whether a run recomputes a few keys or the whole join.
+per join, the current right row its foreign key names (a foreign key with a null part names
+none): the same builder makes every silver row, whether a run recomputes a few keys or the
+whole join (:func:`recompute`).
 """
 
 from __future__ import annotations
@@ -21,18 +22,19 @@ import operator
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.types import BooleanType, StructField, StructType
 
-from cdc_join import lookup, state
-from cdc_join.changeset import ChangeSet, collect, materialize
+from cdc_join import lookup, state, subscription
+from cdc_join.changeset import ChangeSet, materialize
 from cdc_join.config import JoinConfig, JoinType, PipelineConfig
-from cdc_join.lookup import ORIGIN, PROPAGATES, RIGHT, RIGHT_SEQ
-from cdc_join.schemas import quote, quoted
+from cdc_join.lookup import RIGHT, RIGHT_SEQ
+from cdc_join.schemas import quote
 from cdc_join.state import value_fields
 from cdc_join.storage import Storage
-from cdc_join.subscription import INSTRUCTION, Instruction, normalized_fk
 from cdc_join.tables import (
     ACTION,
     DELETED,
@@ -49,51 +51,156 @@ STALE = "_stale"
 ORPHAN = "_orphan"
 
 
-def check(responses: DataFrame, left_rows: DataFrame, config: PipelineConfig, join: JoinConfig) -> DataFrame:
-    """The responses of one join with ``_stale`` and ``_orphan`` flags.
+def check(
+    subscribers: ChangeSet,
+    left_current: ChangeSet,
+    changed: pa.Table,
+    config: PipelineConfig,
+    join: JoinConfig,
+) -> ChangeSet:
+    """The subscribers of changed right keys with ``_stale`` and ``_orphan`` flags (on the driver).
 
     Args:
-        responses: ``pk_*, fk_*, _lhs_hash, _instruction, _propagates, _origin``.
-        left_rows: current left state rows (tombstones included) of at least the responses' keys.
-
-    ``_orphan`` marks a response whose left row is gone or has another foreign key: if it came
-    from a subscription, that subscription is a leftover to remove.
+        subscribers: ``pk_*, fk_*, _lhs_hash`` of one join.
+        left_current: current left state rows (tombstones included) of at least their keys.
+        changed: ``pk_*`` of the left keys that changed in this run; they are left out.
     """
-    left = config.left_source
-    pks = pk_columns(left)
-    current = left_rows.select(
-        *[F.col(quote(c)).alias(p) for c, p in zip(left.primary_key, pks, strict=True)],
-        F.col(HASH).alias("__hash"),
-        F.col(DELETED).alias("__deleted"),
-        F.struct(*quoted(left_rows.columns)).alias("__row"),
-    ).select(*pks, "__hash", "__deleted", normalized_fk("__row", join).alias("__fk"))
-    response_fk = _fk_struct(join)
-    joined = responses.join(current, pks, "left")
-    gone = F.col("__deleted").isNull() | F.col("__deleted")
-    same_fk = response_fk.eqNullSafe(F.col("__fk"))
-    is_current = ~gone & same_fk & F.col(LHS_HASH).eqNullSafe(F.col("__hash"))
-    is_delete = F.col(INSTRUCTION) == Instruction.DELETE_KEY_AND_PROPAGATE.value
-    valid = F.when(is_delete, gone).otherwise(F.coalesce(is_current, F.lit(False)))
-    return joined.select(*responses.columns, (~valid).alias(STALE), (gone | ~same_fk).alias(ORPHAN))
+    left, pks = config.left_source, pk_columns(config.left_source)
+    found = (
+        subscribers.table.join(changed, keys=pks, join_type="left anti")
+        if changed.num_rows
+        else subscribers.table
+    )
+    names = {c: p for c, p in zip(left.primary_key, pks, strict=True)}
+    names |= {c: f"__cur_{c}" for c in join.foreign_key} | {HASH: "__cur_hash", DELETED: "__cur_deleted"}
+    current = left_current.table.select(list(names)).rename_columns(list(names.values()))
+    # Key types agree unless a key column widened since the subscriptions were written.
+    found = found.cast(
+        pa.schema(
+            [
+                current.schema.field(c) if c in pks else f
+                for c, f in zip(found.column_names, found.schema, strict=True)
+            ]
+        )
+    )
+    joined = found.join(current, keys=pks, join_type="left outer")
+    gone = pc.fill_null(joined.column("__cur_deleted"), True)
+    same = [
+        pc.fill_null(pc.equal(joined.column(f), joined.column(f"__cur_{c}")), False)
+        for c, f in zip(join.foreign_key, fk_columns(join), strict=True)
+    ]
+    same_fk = functools.reduce(pc.and_, same)
+    same_hash = pc.fill_null(pc.equal(joined.column(LHS_HASH), joined.column("__cur_hash")), False)
+    valid = pc.and_(pc.and_(pc.invert(gone), same_fk), same_hash)
+    flagged = joined.select(subscribers.table.column_names)
+    flagged = flagged.append_column(STALE, pc.invert(valid)).append_column(
+        ORPHAN, pc.or_(gone, pc.invert(same_fk))
+    )
+    schema = StructType(
+        [*subscribers.schema.fields, StructField(STALE, BooleanType()), StructField(ORPHAN, BooleanType())]
+    )
+    return ChangeSet(subscribers.spark, schema, flagged)
 
 
-def _fk_struct(join: JoinConfig) -> Column:
-    """A response's ``fk_*`` columns as one struct (null when the response has no fk)."""
-    fks = fk_columns(join)
-    present = functools.reduce(operator.and_, [F.col(f).isNotNull() for f in fks])
-    return F.when(present, F.struct(*[F.col(f) for f in fks]))
+@dataclass(frozen=True)
+class Resolved:
+    """One incremental run's resolution: per join its instructions and checked subscribers, the
+    silver rows of the affected keys (one per key), and the counts the report shows."""
+
+    instructions: Mapping[str, ChangeSet]
+    checked: Mapping[str, ChangeSet]
+    rows: ChangeSet | None
+
+    @property
+    def stale_dropped(self) -> int:
+        return sum(c.count_true(STALE) for c in self.checked.values())
+
+    @property
+    def affected_keys(self) -> int:
+        return 0 if self.rows is None else self.rows.rows
+
+    def orphans(self, join: JoinConfig) -> ChangeSet | None:
+        """``fk_*, pk_*`` of the join's leftover subscriptions, if any."""
+        found = self.checked.get(join.alias)
+        if found is None:
+            return None
+        t = found.table
+        return found.filtered(
+            pc.and_(pc.fill_null(t.column(STALE), False), pc.fill_null(t.column(ORPHAN), False))
+        )
 
 
-def affected(checked: DataFrame, config: PipelineConfig) -> DataFrame:
-    """``pk_*`` of the valid responses that propagate: the left keys whose row to rebuild."""
-    keep = ~F.col(STALE) & F.col(PROPAGATES)
-    return checked.filter(keep).select(*pk_columns(config.left_source))
+def incremental(
+    storage: Storage,
+    config: PipelineConfig,
+    left_changed: ChangeSet,
+    left_current: ChangeSet,
+    subscribers: Mapping[str, ChangeSet],
+    pinned: Mapping[str, int],
+    run_id: int,
+) -> Resolved:
+    """Instructions and the stale check on the driver, then one Spark job for the silver rows.
+
+    Args:
+        left_changed: changed left keys with their ``_old`` and ``_new`` rows.
+        left_current: current left state rows of every key that may be affected (the changed
+            ones and the subscribers of changed right keys), on the driver.
+        subscribers: per join alias, the subscribers of its changed right keys.
+        pinned: the state versions the run reads.
+    """
+    left, pks = config.left_source, pk_columns(config.left_source)
+    renamed = dict(zip(left.primary_key, pks, strict=True))
+    changed = left_changed.distinct(list(left.primary_key)).renamed(renamed)
+    instructions = {
+        j.alias: subscription.instructions(left_changed, left, j) for j in config.joins if left_changed.rows
+    }
+    checked = {
+        alias: check(found, left_current, changed.table, config, _join(config, alias))
+        for alias, found in subscribers.items()
+        if found.rows
+    }
+    valid = [
+        c.filtered(pc.invert(pc.fill_null(c.table.column(STALE), True))).distinct(pks)
+        for c in checked.values()
+    ]
+    affected = ChangeSet.concat([changed, *valid], pks)
+    if not affected.rows:
+        return Resolved(instructions, checked, None)
+    in_scope = _rows_of_keys(
+        left_current, affected.renamed({p: c for c, p in renamed.items()}), list(left.primary_key)
+    )
+    right = {j.alias: _right_rows_named(storage, config, j, in_scope, pinned) for j in config.joins}
+    return Resolved(instructions, checked, materialize(build_rows(config, in_scope.frame, right, run_id)))
 
 
-def orphans(checked: DataFrame, join: JoinConfig, config: PipelineConfig) -> DataFrame:
-    """``fk_*, pk_*`` of leftover subscriptions: stale right-driven responses, orphaned."""
-    leftover = F.col(STALE) & F.col(ORPHAN) & (F.col(ORIGIN) == "right")
-    return checked.filter(leftover).select(*fk_columns(join), *pk_columns(config.left_source))
+def _join(config: PipelineConfig, alias: str) -> JoinConfig:
+    return next(j for j in config.joins if j.alias == alias)
+
+
+def _rows_of_keys(rows: ChangeSet, keys: ChangeSet, columns: list[str]) -> ChangeSet:
+    """The rows whose ``columns`` equal a row of ``keys`` (joined on the driver by position, so
+    columns of any type come along)."""
+    numbered = rows.table.select(columns).append_column("__row", pa.array(range(rows.rows), pa.int64()))
+    hits = numbered.join(keys.table.select(columns), keys=columns, join_type="inner").column("__row")
+    return ChangeSet(rows.spark, rows.schema, rows.table.take(pc.unique(hits)))
+
+
+def _fk_values(left_rows: ChangeSet, join: JoinConfig) -> ChangeSet:
+    """The distinct foreign keys of left rows on the driver, as the join's ``fk_*`` columns."""
+    names = dict(zip(join.foreign_key, fk_columns(join), strict=True))
+    return left_rows.distinct(list(join.foreign_key)).renamed(names)
+
+
+def _right_rows_named(
+    storage: Storage,
+    config: PipelineConfig,
+    join: JoinConfig,
+    left_rows: ChangeSet,
+    pinned: Mapping[str, int],
+) -> DataFrame:
+    """The live right rows the left rows' foreign keys name (a keyed read, skipping files)."""
+    right, path = config.sources[join.right], config.state_path(join.right)
+    return lookup.right_rows(storage, path, pinned[join.right], right, join, _fk_values(left_rows, join))
 
 
 def build_rows(
@@ -156,78 +263,6 @@ def _output(config: PipelineConfig, rows: DataFrame, run_id: int) -> DataFrame:
         F.lit(run_id).cast("long").alias(RUN_ID),
         action.alias(ACTION),
     )
-
-
-@dataclass(frozen=True)
-class Resolved:
-    """What the stale check kept: silver rows of the affected keys (``None``: no key), counts,
-    and per join the leftover subscriptions to remove."""
-
-    rows: DataFrame | None
-    affected_keys: int
-    stale_dropped: int
-    orphans: Mapping[str, DataFrame]
-
-
-def resolve(
-    storage: Storage,
-    config: PipelineConfig,
-    responses: Mapping[str, ChangeSet | None],
-    pinned: Mapping[str, int],
-    run_id: int,
-) -> Resolved:
-    """Stale-check every join's responses against the current left rows, then build the silver
-    rows of the affected keys from the current left row and the right rows its fks name."""
-    left = config.left_source
-    present = {alias: found for alias, found in responses.items() if found is not None and found.rows}
-    if not present:
-        return Resolved(None, 0, 0, {})
-    pks = pk_columns(left)
-    keys = ChangeSet.concat(list(present.values()), pks).renamed(
-        dict(zip(pks, left.primary_key, strict=True))
-    )
-    left_rows = materialize(
-        state.read_current(
-            storage, config.state_path(config.left), left.primary_key, pinned[config.left], keys=keys
-        )
-    )
-    stale, affected, orphaned = 0, [], {}
-    for join in config.joins:
-        if join.alias not in present:
-            continue
-        checked = materialize(check(present[join.alias].frame, left_rows.frame, config, join))
-        stale += checked.count_true(STALE)
-        kept = pc.and_(
-            pc.invert(pc.fill_null(checked.table.column(STALE), True)),
-            pc.fill_null(checked.table.column(PROPAGATES), False),
-        )
-        affected.append(checked.filtered(kept).distinct(pks))
-        orphaned[join.alias] = orphans(checked.frame, join, config)
-    keys = ChangeSet.concat(affected, pks) if affected else None
-    if keys is None or not keys.rows:
-        return Resolved(None, 0, stale, orphaned)
-    named = keys.renamed(dict(zip(pks, left.primary_key, strict=True)))
-    in_scope = left_rows.frame.join(named.frame, list(left.primary_key), "left_semi")
-    scoped = materialize(in_scope)
-    rows = build_rows(config, scoped.frame, _right_rows_named_by(storage, config, scoped, pinned), run_id)
-    collect(rows)
-    return Resolved(rows, keys.rows, stale, orphaned)
-
-
-def _right_rows_named_by(
-    storage: Storage, config: PipelineConfig, left_rows: ChangeSet, pinned: Mapping[str, int]
-) -> dict[str, DataFrame]:
-    """Per join, the live right rows the left rows' foreign keys name (keyed reads)."""
-    found = {}
-    for join in config.joins:
-        fks = left_rows.distinct(list(join.foreign_key)).renamed(
-            dict(zip(join.foreign_key, fk_columns(join), strict=True))
-        )
-        right = config.sources[join.right]
-        found[join.alias] = lookup.right_rows(
-            storage, config.state_path(join.right), pinned[join.right], right, join, fks
-        )
-    return found
 
 
 def recompute(storage: Storage, config: PipelineConfig, pinned: Mapping[str, int], run_id: int) -> DataFrame:

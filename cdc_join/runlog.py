@@ -28,7 +28,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
 from cdc_join.config import PipelineConfig
@@ -109,9 +108,11 @@ def last_checkpoint(storage: Storage, config: PipelineConfig) -> Checkpoint:
         files, key=lambda f: (f.max_values.get("run_id") is not None, f.max_values.get("run_id") or 0)
     )
     chosen = [newest.path] if newest.max_values.get("run_id") is not None else None
-    rows = storage.read(config.runs_path, files=chosen)
-    row = rows.orderBy(F.col("run_id").desc()).select("checkpoint").first()
-    return Checkpoint.from_json(row["checkpoint"]) if row is not None else Checkpoint()
+    rows = storage.read_arrow(config.runs_path, columns=["run_id", "checkpoint"], files=chosen)
+    if not rows.num_rows:
+        return Checkpoint()
+    last = max(range(rows.num_rows), key=lambda i: rows.column("run_id")[i].as_py())
+    return Checkpoint.from_json(rows.column("checkpoint")[last].as_py())
 
 
 def commit_run(

@@ -133,6 +133,19 @@ def _merge(known: DataType, new: DataType) -> DataType:
     return wider_type(known, new) or known
 
 
+def nullable(data_type: DataType) -> DataType:
+    """``data_type`` with every field, element and value nullable."""
+    if isinstance(data_type, StructType):
+        return StructType(
+            [StructField(f.name, nullable(f.dataType), True, f.metadata) for f in data_type.fields]
+        )
+    if isinstance(data_type, ArrayType):
+        return ArrayType(nullable(data_type.elementType), True)
+    if isinstance(data_type, MapType):
+        return MapType(nullable(data_type.keyType), nullable(data_type.valueType), True)
+    return data_type
+
+
 def changed_types(
     current: StructType, target: StructType, prefix: tuple[str, ...] = ()
 ) -> list[tuple[tuple[str, ...], DataType]]:

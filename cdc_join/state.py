@@ -21,7 +21,7 @@ keys with the same old and new images.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -30,13 +30,26 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType
 
+from cdc_join.bronze import Increment
 from cdc_join.changeset import ChangeSet, empty, from_arrow, materialize, rows_of_struct
-from cdc_join.config import SourceConfig
+from cdc_join.config import PipelineConfig, SourceConfig
 from cdc_join.hashing import row_hash
 from cdc_join.schemas import conform, quote, quoted
 from cdc_join.storage import Storage
-from cdc_join.storage.pruning import files_where, read_keyed
-from cdc_join.tables import DELETED, FILE, HASH, LINE, OP, RUN, SEQ, STATE_METADATA, TS_MS, table_properties
+from cdc_join.storage.pruning import read_keyed
+from cdc_join.tables import (
+    DELETED,
+    FILE,
+    HASH,
+    LINE,
+    OP,
+    RUN,
+    SEQ,
+    STATE_METADATA,
+    TS_MS,
+    pk_columns,
+    table_properties,
+)
 
 OLD = "_old"
 NEW = "_new"
@@ -123,13 +136,174 @@ class Previous:
 
 
 @dataclass(frozen=True)
-class Applied:
-    """What applying a bronze increment did to one state table.
+class SourceChanges:
+    """A source's bronze increment, before it is applied: the keys whose current row may change
+    (keys of new events; for a new truncate, every key it removes), the increment's rows
+    (state-shaped, lazy, events older than the watermark dropped), and counts."""
 
-    ``changes`` holds one row per key whose current row changed since the last completed run:
-    the key columns, ``_old`` (the row then, or null) and ``_new`` (the row now), both full
-    state rows, tombstones included.
+    keys: ChangeSet
+    rows: DataFrame
+    events: int
+    watermark: str | None
+    truncating: bool
+
+
+def plan(
+    storage: Storage,
+    path: str,
+    source: SourceConfig,
+    increment: Increment | None,
+    previous: Previous,
+    run_id: int,
+) -> SourceChanges:
+    """Plan applying a bronze increment (``None``: nothing new) to the state table at ``path``.
+
+    Creates the table, or widens it, for the increment's row type. The increment's keys and
+    truncates are read from its rows on the driver when it has them (no Spark job); a new
+    truncate costs one read of the whole table, to find the rows it removes.
     """
+    if increment is not None:
+        row_type = increment.frame.schema["_after"].dataType
+        assert isinstance(row_type, StructType)
+        if not storage.create(path, state_schema(row_type), cdf=False, properties=table_properties("state")):
+            storage.evolve(path, state_schema(row_type))
+    schema = storage.schema(path)
+    key = list(source.primary_key)
+    if increment is None:
+        nothing = empty(storage.spark, StructType([schema[c] for c in key]))
+        return SourceChanges(nothing, storage.read(path).limit(0), 0, previous.watermark, False)
+    rows = conform(event_rows(increment.frame, source, run_id), schema)
+    if increment.arrow is not None:
+        keys, truncate_seq = _arrow_keys(storage, increment.arrow, source, schema)
+        events = increment.arrow.num_rows
+    else:
+        keys, truncate_seq, events = _reduce(rows, key)
+    known = [w for w in (previous.watermark, truncate_seq) if w is not None]
+    watermark = max(known) if known else None
+    truncating = watermark is not None and watermark != previous.watermark
+    if truncating:
+        keys = ChangeSet.concat([keys, _truncated_keys(storage, path, key, previous, watermark)], key)
+    upserts = rows.filter(F.col(OP) != "t")
+    if watermark is not None:
+        upserts = upserts.filter(F.col(SEQ) >= F.lit(watermark))
+    return SourceChanges(keys, upserts, events, watermark, truncating)
+
+
+def _arrow_keys(
+    storage: Storage, events: pa.Table, source: SourceConfig, schema: StructType
+) -> tuple[ChangeSet, str | None]:
+    """Distinct keys of the events (``before`` of deletes, ``after`` of the rest) and the
+    greatest truncate sequence, from their rows on the driver."""
+    op = events.column("_op")
+    truncate = pc.fill_null(pc.equal(op, "t"), False)
+    rows = events.filter(pc.invert(truncate))
+    is_delete = pc.fill_null(pc.equal(rows.column("_op"), "d"), False)
+    columns = {}
+    for name in source.primary_key:
+        before = pc.struct_field(rows.column("_before"), name)
+        after = pc.struct_field(rows.column("_after"), name)
+        columns[name] = pc.if_else(is_delete, before, after)
+    key_schema = StructType([schema[c] for c in source.primary_key])
+    keys = ChangeSet(storage.spark, key_schema, pa.table(columns)).distinct(list(source.primary_key))
+    truncates = events.filter(truncate).column("_seq").to_pylist()
+    return keys, max(truncates, default=None)
+
+
+def _reduce(rows: DataFrame, key: list[str]) -> tuple[ChangeSet, str | None, int]:
+    """Distinct keys, greatest truncate sequence and number of events of an increment that is
+    not on the driver (one Spark job). Truncates have no key: they all land in the null key."""
+    summary = materialize(
+        rows.groupBy(*quoted(key)).agg(
+            F.max(F.when(F.col(OP) == "t", F.col(SEQ))).alias("__truncate"), F.count(F.lit(1)).alias(_COUNT)
+        )
+    )
+    table = summary.table
+    truncate_seq = max((t for t in table.column("__truncate").to_pylist() if t is not None), default=None)
+    events = int(pc.sum(table.column(_COUNT)).as_py() or 0)
+    keyed = table.filter(pc.is_valid(table.column(key[0])))
+    return (
+        from_arrow(rows.sparkSession, StructType([rows.schema[c] for c in key]), keyed.select(key)),
+        truncate_seq,
+        events,
+    )
+
+
+def _truncated_keys(
+    storage: Storage, path: str, key: list[str], previous: Previous, watermark: str
+) -> ChangeSet:
+    """Keys a truncate at ``watermark`` changes: live at the last completed run, or live now
+    (a killed attempt's rows), with a smaller sequence. One read of the whole table."""
+    stored = storage.read(path)
+    settled = newest(stored.filter(F.col(RUN) <= previous.run_id), key)
+    older = ~F.col(DELETED) & (F.col(SEQ) < F.lit(watermark))
+    hit = (
+        settled.filter(older)
+        .select(*quoted(key))
+        .unionByName(newest(stored, key).filter(older).select(*quoted(key)))
+    )
+    return materialize(hit.distinct())
+
+
+def images(
+    storage: Storage,
+    path: str,
+    source: SourceConfig,
+    keys: ChangeSet,
+    changes: SourceChanges,
+    previous: Previous,
+    run_id: int,
+) -> DataFrame:
+    """Per key in ``keys``: ``_old``, its row at the last completed run, and ``_new``, its row
+    once ``changes`` are applied; ``_append`` says whether ``_new`` must be written (lazy).
+
+    ``_new`` is the newer of the row now in the table and the key's newest event (which is
+    not older than the watermark), made a truncate tombstone when it is older than the
+    watermark. The stored rows of the keys and the events are folded in one aggregation.
+    """
+    key = list(source.primary_key)
+    stored, _ = read_keyed(storage, path, keys.frame, [(c, c) for c in key], values=keys.values(key[0]))
+    columns = quoted(stored.columns)
+    both = stored.withColumn("__event", F.lit(False)).unionByName(
+        changes.rows.withColumn("__event", F.lit(True))
+    )
+    row, event = F.struct(*columns), F.col("__event")
+    folded = both.groupBy(*quoted(key)).agg(
+        F.max_by(row, F.when(~event & (F.col(RUN) <= previous.run_id), order())).alias(OLD),
+        F.max_by(row, F.when(~event, order())).alias("__now"),
+        F.max_by(row, F.when(event, order())).alias("__event"),
+    )
+    newer = F.col("__event").isNotNull() & (F.col("__now").isNull() | (order("__event") > order("__now")))
+    result = folded.withColumn(NEW, F.when(newer, F.col("__event")).otherwise(F.col("__now")))
+    if changes.watermark is not None:
+        deleted, seq = F.col(f"{NEW}.{DELETED}"), F.col(f"{NEW}.{SEQ}")
+        live_older = F.col(NEW).isNotNull() & ~deleted & (seq < F.lit(changes.watermark))
+        tombstone = _tombstone(stored.schema, key, changes.watermark, run_id)
+        result = result.withColumn(NEW, F.when(live_older, tombstone).otherwise(F.col(NEW)))
+    written = F.col(NEW).isNotNull() & (F.col("__now").isNull() | (order(NEW) != order("__now")))
+    return result.select(*quoted(key), OLD, NEW, written.alias(_APPEND))
+
+
+def appended(images_set: ChangeSet) -> pa.Table:
+    """The rows of materialized :func:`images` that must be written: the ``_new`` rows to append."""
+    return rows_of_struct(images_set.table, NEW, where=_APPEND, schema=images_set.schema[NEW].dataType)
+
+
+def changed(images_set: ChangeSet) -> ChangeSet:
+    """The keys of materialized :func:`images` whose row differs from the last completed run."""
+    return images_set.filtered(pc.invert(_same_order(images_set.table)))
+
+
+def append(storage: Storage, path: str, rows: pa.Table) -> int:
+    """Append state rows (already on the driver); returns the table's version afterwards."""
+    if not rows.num_rows:
+        return storage.version(path)
+    return storage.append(path, from_arrow(storage.spark, storage.schema(path), rows).frame).version
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What a run applied to one state table. ``changes`` holds one row per key whose current
+    row changed (for the left source with its ``_old`` and ``_new`` rows)."""
 
     changes: ChangeSet
     events: int
@@ -137,6 +311,7 @@ class Applied:
     truncated: int
     watermark: str | None
     version: int
+    truncate_applied: bool = False
 
     def as_counts(self) -> dict[str, int]:
         """The run report's counts for this source."""
@@ -145,146 +320,78 @@ class Applied:
             "keys_changed": self.changes.rows,
             "appended": self.appended,
             "truncated": self.truncated,
+            "truncate_applied": int(self.truncate_applied),
         }
 
 
-def apply(
+def frames(
     storage: Storage,
-    path: str,
-    source: SourceConfig,
-    events: DataFrame | None,
-    previous: Previous,
+    config: PipelineConfig,
+    changes: Mapping[str, SourceChanges],
+    subscribers: Mapping[str, ChangeSet],
+    previous: Mapping[str, Previous],
     run_id: int,
-) -> Applied:
-    """Apply bronze change events (any order, duplicates allowed) to the state table at ``path``.
+) -> dict[str, DataFrame]:
+    """Per source with changes, the frame that applying them writes, to run all in one job.
 
-    Creates the table, or widens it, to hold the events' row type first. ``events`` is ``None``
-    when bronze has nothing new: then nothing is read unless a killed attempt of this run left
-    rows behind.
+    The left source (and a source a new truncate hits) gets :func:`images`; the left images are
+    also read for the keys of the subscribers of changed right keys, so one read of the left
+    table gives both the old rows of changed keys and the current rows of affected ones. A
+    right source gets the increment's newest row per key: appending it is enough, since
+    readers keep the newest row of a key (an older row appended changes nothing).
     """
-    if events is not None:
-        row_type = events.schema["_after"].dataType
-        assert isinstance(row_type, StructType)
-        if not storage.create(path, state_schema(row_type), cdf=False, properties=table_properties("state")):
-            storage.evolve(path, state_schema(row_type))
+    out = {}
+    for name, planned in changes.items():
+        source, path = config.sources[name], config.state_path(name)
+        key = list(source.primary_key)
+        if name == config.left:
+            pks = dict(zip(pk_columns(source), key, strict=True))
+            extra = [found.distinct(list(pks)).renamed(pks) for found in subscribers.values()]
+            keys = ChangeSet.concat([planned.keys, *extra], key) if extra else planned.keys
+            if keys.rows:
+                out[name] = images(storage, path, source, keys, planned, previous[name], run_id)
+        elif planned.truncating:
+            out[name] = images(storage, path, source, planned.keys, planned, previous[name], run_id)
+        elif planned.keys.rows:
+            out[name] = planned.rows
+    return out
+
+
+def applied(
+    storage: Storage, path: str, source: SourceConfig, planned: SourceChanges, done: ChangeSet | None
+) -> Applied:
+    """Append what :func:`frames` computed for one source; what was applied."""
     schema = storage.schema(path)
-    key = list(source.primary_key)
-    unchanged = previous.version is not None and storage.version(path) == previous.version
-    if events is None and unchanged:
+    if done is None:
+        nothing = empty(storage.spark, changes_schema(schema, source.primary_key))
         return Applied(
-            empty(storage.spark, changes_schema(schema, key)), 0, 0, 0, previous.watermark, previous.version
+            nothing, planned.events, 0, 0, planned.watermark, storage.version(path), planned.truncating
         )
-    if events is None:
-        candidates, truncate_seq, event_count = empty(storage.spark, schema), None, 0
+    if NEW in done.schema.names:  # images: write the rows that changed, report the keys that did
+        rows, keys = appended(done), changed(done)
     else:
-        candidates, truncate_seq, event_count = _reduce(
-            conform(event_rows(events, source, run_id), schema), key
-        )
-    known = [w for w in (previous.watermark, truncate_seq) if w is not None]
-    watermark = max(known) if known else None
-    truncating = watermark is not None and watermark != previous.watermark
-    keys = _keys_to_check(storage, path, key, candidates, previous, watermark if truncating else None)
-    if keys.rows == 0:
-        nothing = empty(storage.spark, changes_schema(schema, key))
-        return Applied(nothing, event_count, 0, 0, watermark, storage.version(path))
-    images = materialize(_images(storage, path, key, keys, candidates, previous, watermark, run_id))
-    appended = rows_of_struct(images.table, NEW, where=_APPEND)
-    if appended.num_rows:
-        version = storage.append(path, from_arrow(storage.spark, schema, appended).frame).version
-    else:
-        version = storage.version(path)
-    changed = images.filtered(pc.invert(_same_order(images.table)))
-    truncated = sum(1 for op in appended.column(OP).to_pylist() if op == "t") if appended.num_rows else 0
-    return Applied(changed, event_count, appended.num_rows, truncated, watermark, version)
+        rows, keys = done.table, planned.keys
+    version = append(storage, path, rows)
+    truncated = (
+        int(pc.sum(pc.cast(pc.equal(rows.column(OP), "t"), pa.int64())).as_py() or 0) if rows.num_rows else 0
+    )
+    return Applied(
+        keys, planned.events, rows.num_rows, truncated, planned.watermark, version, planned.truncating
+    )
+
+
+def current(storage: Storage, path: str, done: ChangeSet | None) -> ChangeSet:
+    """The current rows (``_new``) of materialized left images: every key the run may affect."""
+    schema = storage.schema(path)
+    if done is None:
+        return empty(storage.spark, schema)
+    table = done.table.filter(pc.is_valid(done.table.column(NEW)))
+    return from_arrow(storage.spark, schema, rows_of_struct(table, NEW, schema=schema))
 
 
 def changes_schema(schema: StructType, key: Sequence[str]) -> StructType:
-    """Columns of :attr:`Applied.changes`: the key, then the old and the new row."""
+    """Columns of the changed keys of an images frame: the key, then the old and the new row."""
     return StructType([*[schema[c] for c in key], StructField(OLD, schema), StructField(NEW, schema)])
-
-
-def _reduce(rows: DataFrame, key: list[str]) -> tuple[ChangeSet, str | None, int]:
-    """The newest event per key, the greatest truncate sequence, and the number of events.
-
-    One Spark job. Truncates have no key: their rows all land in the one group of null keys.
-    """
-    packed = F.struct(*[F.col(c) for c in quoted(rows.columns)])
-    reduced = materialize(
-        rows.groupBy(*quoted(key))
-        .agg(F.max_by(packed, order()).alias("__row"), F.count(F.lit(1)).alias(_COUNT))
-        .select("__row.*", _COUNT)
-    )
-    table = reduced.table
-    is_truncate = pc.equal(table.column(OP), "t")
-    truncates = table.filter(is_truncate)
-    truncate_seq = max(truncates.column(SEQ).to_pylist(), default=None)
-    events = int(pc.sum(table.column(_COUNT)).as_py() or 0)
-    kept = table.filter(pc.invert(pc.fill_null(is_truncate, False))).drop_columns([_COUNT])
-    return from_arrow(rows.sparkSession, rows.schema, kept), truncate_seq, events
-
-
-def _keys_to_check(
-    storage: Storage,
-    path: str,
-    key: list[str],
-    candidates: ChangeSet,
-    previous: Previous,
-    truncate_at: str | None,
-) -> ChangeSet:
-    """Keys whose current row may change: those of the new events, plus the keys a killed
-    attempt of this run already wrote (rows of a later run than the last completed one), plus,
-    for a new truncate, every live key older than it (one full read, once per truncate)."""
-    parts = [candidates.distinct(key)]
-    if previous.version is not None and storage.version(path) > previous.version:
-        leftover = files_where(storage.files(path), RUN, above=previous.run_id)
-        if leftover:
-            rows = storage.read(path, files=leftover).filter(F.col(RUN) > previous.run_id)
-            parts.append(materialize(rows.select(*quoted(key)).distinct()))
-    if truncate_at is not None:
-        live = current_rows(storage.read(path), key).filter(F.col(SEQ) < F.lit(truncate_at))
-        parts.append(materialize(live.select(*quoted(key))))
-    return ChangeSet.concat(parts, key)
-
-
-def _images(
-    storage: Storage,
-    path: str,
-    key: list[str],
-    keys: ChangeSet,
-    candidates: ChangeSet,
-    previous: Previous,
-    watermark: str | None,
-    run_id: int,
-) -> DataFrame:
-    """Per key to check: the row of the last completed run, and the row after this run.
-
-    ``_new`` is the newest of the row now in the table and the key's newest event (if not
-    older than the watermark), turned into a truncate tombstone when it is older than the
-    watermark; ``_append`` says whether it must be written.
-    """
-    stored, _ = read_keyed(storage, path, keys.frame, [(c, c) for c in key], values=keys.values(key[0]))
-    columns = quoted(stored.columns)
-    old = newest(stored.filter(F.col(RUN) <= previous.run_id), key).select(
-        *quoted(key), F.struct(*columns).alias(OLD)
-    )
-    now = newest(stored, key).select(*quoted(key), F.struct(*columns).alias("__now"))
-    events = candidates.frame
-    if watermark is not None:
-        events = events.filter(F.col(SEQ) >= F.lit(watermark))
-    incoming = events.select(*quoted(key), F.struct(*columns).alias("__event"))
-    joined = keys.frame.join(old, key, "left").join(now, key, "left").join(incoming, key, "left")
-    newer = F.col("__event").isNotNull() & (F.col("__now").isNull() | (order("__event") > order("__now")))
-    latest = F.when(newer, F.col("__event")).otherwise(F.col("__now"))
-    result = joined.withColumn(NEW, latest)
-    if watermark is not None:
-        truncated = (
-            F.col(NEW).isNotNull() & ~F.col(f"{NEW}.{DELETED}") & (F.col(f"{NEW}.{SEQ}") < F.lit(watermark))
-        )
-        result = result.withColumn(
-            NEW, F.when(truncated, _tombstone(stored.schema, key, watermark, run_id)).otherwise(F.col(NEW))
-        )
-    written = F.col(NEW).isNotNull() & (F.col("__now").isNull() | (order(NEW) != order("__now")))
-    return result.select(*quoted(key), OLD, NEW, written.alias(_APPEND))
 
 
 def _tombstone(schema: StructType, key: list[str], watermark: str, run_id: int) -> Column:

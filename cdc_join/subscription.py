@@ -29,15 +29,18 @@ rerun after a crash appends the same rows again, which changes no current subscr
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import BooleanType, LongType, StructField, StructType
+from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType
 
-from cdc_join.changeset import ChangeSet, collect, materialize
-from cdc_join.config import JoinConfig, JoinType, PipelineConfig, SourceConfig
+from cdc_join.changeset import ChangeSet, arrow_schema, from_arrow
+from cdc_join.config import JoinConfig, JoinType, SourceConfig
 from cdc_join.schemas import quote, quoted
 from cdc_join.state import NEW, OLD
 from cdc_join.storage import Storage
@@ -88,13 +91,11 @@ def normalized_fk(row: str, join: JoinConfig) -> Column:
     return F.when(present, F.struct(*named))
 
 
-def _live(image: str) -> Column:
-    """An old/new image column, null when absent or a tombstone."""
-    return F.when(F.col(image).isNotNull() & ~F.col(f"{image}.{DELETED}"), F.col(image))
+def instructions(changes: ChangeSet, left: SourceConfig, join: JoinConfig) -> ChangeSet:
+    """Subscription instructions of one join for changed left keys (the table above).
 
-
-def instructions(changes: DataFrame, left: SourceConfig, join: JoinConfig) -> DataFrame:
-    """Subscription instructions of one join for changed left keys.
+    Computed on the driver: the changed keys and their images are there already, and the
+    instructions are a few column operations per key, not worth a Spark job.
 
     Args:
         changes: one row per changed left key: the key columns, ``_old`` and ``_new`` (left
@@ -105,56 +106,99 @@ def instructions(changes: DataFrame, left: SourceConfig, join: JoinConfig) -> Da
     Returns:
         ``pk_*, fk_* (null when there is no fk), _instruction, _lhs_hash``.
     """
-    frame = changes.select(*quoted(left.primary_key), _live(OLD).alias(OLD), _live(NEW).alias(NEW))
-    old_fk, new_fk = normalized_fk(OLD, join), normalized_fk(NEW, join)
-    was, now = F.col(OLD).isNotNull(), F.col(NEW).isNotNull()
-    fk_changed = old_fk.isNotNull() & (new_fk.isNull() | (old_fk != new_fk))
+    t = changes.table
+    old, new = t.column(OLD), t.column(NEW)
+    was, now = _live(old), _live(new)
+    old_fk, new_fk = _fk_parts(old, join), _fk_parts(new, join)
+    had_fk, has_fk = _all_valid(was, old_fk), _all_valid(now, new_fk)
+    differs = [_differs(a, b) for a, b in zip(old_fk, new_fk, strict=True)]
+    fk_changed = pc.and_(had_fk, pc.or_(pc.invert(has_fk), functools.reduce(pc.or_, differs)))
     same_fk = (
         Instruction.PROPAGATE_NULL_IF_NO_FK_VAL_AVAILABLE
         if join.type is JoinType.LEFT
         else Instruction.PROPAGATE_ONLY_IF_FK_VAL_AVAILABLE
     )
-    no_hash = F.lit(None).cast("long")
-    unsubscribe = F.when(
-        old_fk.isNotNull() & (~now | fk_changed),
-        _message(
+    n = t.num_rows
+    keys = [t.column(c) for c in left.primary_key]
+    no_fk, no_hash = [pa.nulls(n, f.type) for f in old_fk], pa.nulls(n, pa.int64())
+    gone = _text(Instruction.DELETE_KEY_AND_PROPAGATE, n)
+    moved = _text(Instruction.DELETE_KEY_NO_PROPAGATE, n)
+    subscribe = pc.if_else(
+        fk_changed, _text(Instruction.PROPAGATE_NULL_IF_NO_FK_VAL_AVAILABLE, n), _text(same_fk, n)
+    )
+    parts = [
+        # The old fk is unsubscribed when the row is gone or its fk changed.
+        _messages(
+            keys,
             old_fk,
-            F.when(~now, _lit(Instruction.DELETE_KEY_AND_PROPAGATE)).otherwise(
-                _lit(Instruction.DELETE_KEY_NO_PROPAGATE)
-            ),
+            pc.if_else(now, moved, gone),
             no_hash,
+            pc.and_(had_fk, pc.or_(pc.invert(now), fk_changed)),
         ),
-    )
-    # A deleted row whose old fk was null had no subscription, but its output must still go.
-    delete_without_fk = F.when(
-        old_fk.isNull() & was & ~now, _message(old_fk, _lit(Instruction.DELETE_KEY_AND_PROPAGATE), no_hash)
-    )
-    subscribe = F.when(
-        now,
-        _message(
-            new_fk,
-            F.when(fk_changed, _lit(Instruction.PROPAGATE_NULL_IF_NO_FK_VAL_AVAILABLE)).otherwise(
-                _lit(same_fk)
-            ),
-            F.col(f"{NEW}.{HASH}"),
+        # A deleted row whose old fk was null had no subscription, but its output must still go.
+        _messages(keys, no_fk, gone, no_hash, pc.and_(pc.and_(pc.invert(had_fk), was), pc.invert(now))),
+        # The new row subscribes to its fk (none when null or partly null: it still answers).
+        _messages(
+            keys,
+            [pc.if_else(has_fk, f, pa.nulls(n, f.type)) for f in new_fk],
+            subscribe,
+            pc.struct_field(new, HASH),
+            now,
         ),
+    ]
+    return _instruction_set(changes, left, join, parts)
+
+
+def _instruction_set(
+    changes: ChangeSet, left: SourceConfig, join: JoinConfig, parts: list[list[Any]]
+) -> ChangeSet:
+    pks, fks = pk_columns(left), fk_columns(join)
+    row_type = changes.schema[NEW].dataType
+    schema = StructType(
+        [
+            *[StructField(p, changes.schema[c].dataType) for c, p in zip(left.primary_key, pks, strict=True)],
+            *[StructField(f, row_type[c].dataType) for c, f in zip(join.foreign_key, fks, strict=True)],
+            StructField(INSTRUCTION, StringType()),
+            StructField(LHS_HASH, LongType()),
+        ]
     )
-    pks = [F.col(quote(c)).alias(p) for c, p in zip(left.primary_key, pk_columns(left), strict=True)]
-    messages = frame.select(*pks, F.explode(F.array(unsubscribe, delete_without_fk, subscribe)).alias("m"))
-    return messages.filter(F.col("m").isNotNull()).select(
-        *pk_columns(left),
-        *[F.col(f"m.fk.{f}").alias(f) for f in fk_columns(join)],
-        F.col("m.instruction").alias(INSTRUCTION),
-        F.col("m.hash").alias(LHS_HASH),
-    )
+    arrow = arrow_schema(schema)
+    tables = [
+        pa.Table.from_arrays([c.cast(f.type) for c, f in zip(p, arrow, strict=True)], schema=arrow)
+        for p in parts
+    ]
+    return ChangeSet(changes.spark, schema, pa.concat_tables(tables))
 
 
-def _message(fk: Column, instruction: Column, lhs_hash: Column) -> Column:
-    return F.struct(fk.alias("fk"), instruction.alias("instruction"), lhs_hash.alias("hash"))
+def _live(image: Any) -> Any:
+    """Per row: the image is present and not a tombstone."""
+    return pc.and_(pc.is_valid(image), pc.invert(pc.fill_null(pc.struct_field(image, DELETED), True)))
 
 
-def _lit(instruction: Instruction) -> Column:
-    return F.lit(instruction.value)
+def _fk_parts(image: Any, join: JoinConfig) -> list[Any]:
+    return [pc.struct_field(image, c) for c in join.foreign_key]
+
+
+def _differs(old: Any, new: Any) -> Any:
+    """Per row: the values differ, or either is null (a void column: no value at all yet)."""
+    if pa.types.is_null(old.type) or pa.types.is_null(new.type):
+        return pa.array([True] * len(old), pa.bool_())
+    return pc.fill_null(pc.not_equal(old, new), True)
+
+
+def _all_valid(live: Any, parts: list[Any]) -> Any:
+    """The image is live and every part of its foreign key is set (a normalized fk exists)."""
+    return functools.reduce(pc.and_, [pc.is_valid(p) for p in parts], live)
+
+
+def _text(instruction: Instruction, rows: int) -> pa.Array:
+    return pa.array([instruction.value] * rows, pa.string())
+
+
+def _messages(keys: list[Any], fk: list[Any], instruction: Any, lhs_hash: Any, where: Any) -> list[Any]:
+    """The columns of the messages of the rows where ``where`` holds."""
+    mask = pc.fill_null(where, False)
+    return [pc.filter(column, mask) for column in [*keys, *fk, instruction, lhs_hash]]
 
 
 def subscription_schema(left: SourceConfig, join: JoinConfig, left_schema: StructType) -> StructType:
@@ -200,27 +244,45 @@ def append_instructions(
 ) -> Subscribed:
     """Append the instructions that have a foreign key: subscribe new fks, unsubscribe old ones.
 
-    Rows are written in fk order, so each appended file holds a narrow fk range too.
+    Built on the driver from the materialized instructions (no Spark job); rows are written in
+    fk order, so each appended file holds a narrow fk range too.
     """
-    fks = fk_columns(join)
-    keyed = messages.frame.filter(" AND ".join(f"{f} IS NOT NULL" for f in fks))
-    subscribes = F.col(INSTRUCTION).isin(
-        Instruction.PROPAGATE_NULL_IF_NO_FK_VAL_AVAILABLE.value,
-        Instruction.PROPAGATE_ONLY_IF_FK_VAL_AVAILABLE.value,
+    fks, pks = fk_columns(join), pk_columns(left)
+    table = messages.table
+    keyed = functools.reduce(pc.and_, [pc.is_valid(table.column(f)) for f in fks])
+    table = table.filter(keyed)
+    subscribes = pc.is_in(
+        table.column(INSTRUCTION),
+        value_set=pa.array(
+            [
+                Instruction.PROPAGATE_NULL_IF_NO_FK_VAL_AVAILABLE.value,
+                Instruction.PROPAGATE_ONLY_IF_FK_VAL_AVAILABLE.value,
+            ]
+        ),
     )
-    rows = keyed.select(
-        *fks,
-        *pk_columns(left),
-        F.when(subscribes, F.col(LHS_HASH)).alias(LHS_HASH),
-        subscribes.alias(SUBSCRIBED),
-        F.lit(run_id).cast("long").alias(RUN_ID),
-        F.lit(storage.version(path) + 1).cast("long").alias(WRITTEN),
-    ).orderBy(*fks, *pk_columns(left))
-    table = collect(rows)
-    if table.num_rows:
-        storage.append(path, rows)
-    subscribed = sum(1 for s in table.column(SUBSCRIBED).to_pylist() if s) if table.num_rows else 0
+    hashes = pc.if_else(subscribes, table.column(LHS_HASH), pa.scalar(None, pa.int64()))
+    _append_rows(storage, path, table.select([*fks, *pks]), hashes, subscribes, run_id)
+    subscribed = int(pc.sum(pc.cast(subscribes, pa.int64())).as_py() or 0)
     return Subscribed(subscribed, table.num_rows - subscribed)
+
+
+def _append_rows(
+    storage: Storage, path: str, keys: pa.Table, hashes: Any, subscribed: Any, run_id: int
+) -> None:
+    """Append CombinedKeys with their hash and subscribed flag, sorted by fk then pk."""
+    if not keys.num_rows:
+        return
+    schema = storage.schema(path)
+    n = keys.num_rows
+    columns = {c: keys.column(c) for c in keys.column_names}
+    columns[LHS_HASH] = hashes
+    columns[SUBSCRIBED] = subscribed
+    columns[RUN_ID] = pa.array([run_id] * n, pa.int64())
+    columns[WRITTEN] = pa.array([storage.version(path) + 1] * n, pa.int64())
+    table = pa.table({f.name: columns[f.name] for f in schema.fields}).sort_by(
+        [(c, "ascending") for c in keys.column_names]
+    )
+    storage.append(path, from_arrow(storage.spark, schema, table.cast(arrow_schema(schema))).frame)
 
 
 def current(
@@ -279,21 +341,13 @@ def rebuild(
 
 
 def unsubscribe(
-    storage: Storage, path: str, orphans: DataFrame, left: SourceConfig, join: JoinConfig, run_id: int
+    storage: Storage, path: str, orphans: ChangeSet, left: SourceConfig, join: JoinConfig, run_id: int
 ) -> int:
     """Append unsubscribes for leftover subscriptions (``fk_*, pk_*`` of ``orphans``)."""
-    rows = orphans.select(
-        *fk_columns(join),
-        *pk_columns(left),
-        F.lit(None).cast("long").alias(LHS_HASH),
-        F.lit(False).alias(SUBSCRIBED),
-        F.lit(run_id).cast("long").alias(RUN_ID),
-        F.lit(storage.version(path) + 1).cast("long").alias(WRITTEN),
-    ).distinct()
-    table = collect(rows)
-    if table.num_rows:
-        storage.append(path, rows)
-    return table.num_rows
+    keys = orphans.distinct([*fk_columns(join), *pk_columns(left)]).table
+    n = keys.num_rows
+    _append_rows(storage, path, keys, pa.nulls(n, pa.int64()), pa.array([False] * n), run_id)
+    return n
 
 
 def compact(storage: Storage, path: str, join: JoinConfig, left: SourceConfig, run_id: int) -> int:
@@ -309,23 +363,3 @@ def compact(storage: Storage, path: str, join: JoinConfig, left: SourceConfig, r
         F.lit(version + 1).cast("long").alias(WRITTEN),
     ).orderBy(*fk_columns(join), *pk_columns(left))
     return storage.overwrite(path, rows, expected_version=version).rows_inserted or 0
-
-
-def subscribe(
-    storage: Storage, config: PipelineConfig, join: JoinConfig, left_changes: ChangeSet, run_id: int
-) -> tuple[ChangeSet | None, dict[str, Any]]:
-    """One join's subscription step of a run: instructions for the changed left keys, appended
-    to the subscription table. Returns the instructions (``None`` when no left key changed)
-    and the report's counts."""
-    path, left = config.subscription_path(join), config.left_source
-    prepare(storage, path, left, join, storage.schema(config.state_path(config.left)))
-    if not left_changes.rows:
-        return None, {"instructions": {}}
-    messages = materialize(instructions(left_changes.frame, left, join))
-    written = append_instructions(storage, path, messages, left, join, run_id)
-    counts = {
-        "instructions": messages.value_counts(INSTRUCTION),
-        "subscribed": written.subscribed,
-        "unsubscribed": written.unsubscribed,
-    }
-    return messages, counts

@@ -12,6 +12,9 @@ Rules every backend follows (the contract tests in ``tests/contract`` check them
 - ``read`` returns a Spark DataFrame of a snapshot: the latest version, or ``version``.
   ``files`` narrows the read to some of that snapshot's data files (as named by
   :meth:`Storage.files`), which is how callers skip files by statistics.
+- ``read_arrow`` returns a small table's latest snapshot (optionally some columns, some of
+  its files) as Arrow on the driver: for the pipeline's own logs, which a run reads without
+  the cost of a Spark job where the backend can.
 - ``read_changes`` returns the Change Data Feed rows committed in versions
   ``start_version..end_version`` (both inclusive; ``end_version=None`` means latest), with the
   columns ``_change_type`` (``insert``, ``update_preimage``, ``update_postimage``, ``delete``)
@@ -40,6 +43,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
@@ -134,6 +138,10 @@ class Storage(Protocol):
     def read(
         self, path: str, version: int | None = None, files: Sequence[str] | None = None
     ) -> DataFrame: ...
+
+    def read_arrow(
+        self, path: str, columns: Sequence[str] | None = None, files: Sequence[str] | None = None
+    ) -> pa.Table: ...
 
     def files(self, path: str, version: int | None = None) -> list[FileStats]: ...
 

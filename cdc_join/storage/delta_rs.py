@@ -59,6 +59,7 @@ from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset
 from deltalake import CommitProperties, DeltaTable, QueryBuilder, write_deltalake
 from deltalake import Schema as DeltaSchema
 from deltalake.exceptions import DeltaError
@@ -76,7 +77,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from cdc_join.changeset import arrow_of
+from cdc_join.changeset import ARROW_ATTRIBUTE, arrow_of
 from cdc_join.errors import ConcurrentRunError, StorageError
 from cdc_join.schemas import changed_types, conform, merge_schemas
 from cdc_join.storage.base import FileStats, MergeSpec, WriteMetrics, is_table_name
@@ -242,6 +243,25 @@ def stat_upper_bound(data_type: DataType, value: Any) -> Any:
     if isinstance(data_type, (TimestampType, TimestampNTZType)) and isinstance(value, datetime):
         return value + timedelta(microseconds=999)
     return value
+
+
+def _plain_types(table: pa.Table) -> pa.Table:
+    """``table`` with Arrow view types (which pyarrow compute does not all take) made plain."""
+
+    def plain(t: pa.DataType) -> pa.DataType:
+        if t == pa.string_view():
+            return pa.string()
+        if t == pa.binary_view():
+            return pa.binary()
+        if pa.types.is_struct(t):
+            return pa.struct([f.with_type(plain(f.type)) for f in t])
+        if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t):
+            return pa.list_(plain(t.value_type))
+        if pa.types.is_map(t):
+            return pa.map_(plain(t.key_type), plain(t.item_type))
+        return t
+
+    return table.cast(pa.schema([f.with_type(plain(f.type)) for f in table.schema]))
 
 
 def _has_not_null(data_type: pa.DataType | pa.Schema) -> bool:
@@ -519,6 +539,23 @@ class DeltaRsStorage:
             return self.spark.createDataFrame([], nullable_struct(schema))
         return self.spark.read.schema(schema).parquet(*uris)
 
+    def read_arrow(
+        self, path: str, columns: Sequence[str] | None = None, files: Sequence[str] | None = None
+    ) -> pa.Table:
+        """The latest snapshot (or only ``files`` of it) as Arrow, read by delta-rs: no Spark job."""
+        dt = self._load(path)
+        self._check_plain_parquet(dt, path)
+        with _delta_errors("read", path):
+            dataset = dt.to_pyarrow_dataset()
+            if files is not None:
+                root = table_root(path)
+                wanted = {_file_key(root, f) for f in files}
+                fragments = [f for f in dataset.get_fragments() if _file_key(root, f.path) in wanted]
+                dataset = pa.dataset.FileSystemDataset(
+                    fragments, dataset.schema, dataset.format, dataset.filesystem
+                )
+            return dataset.to_table(columns=list(columns) if columns is not None else None)
+
     def files(self, path: str, version: int | None = None) -> list[FileStats]:
         """The snapshot's data files with min/max/null counts of the top-level columns.
 
@@ -590,7 +627,10 @@ class DeltaRsStorage:
             names.index(COMMIT_VERSION), COMMIT_VERSION, arrow[COMMIT_VERSION].cast(pa.int64())
         )
         # createDataFrame casts every column (string_view, binary_view, ...) to out_schema's types.
-        return self.spark.createDataFrame(arrow, out_schema)
+        frame = self.spark.createDataFrame(arrow, out_schema)
+        # The rows are on the driver already: callers can read keys from them without a job.
+        setattr(frame, ARROW_ATTRIBUTE, _plain_types(arrow))
+        return frame
 
     def append(
         self, path: str, df: DataFrame, *, merge_schema: bool = False, expected_version: int | None = None

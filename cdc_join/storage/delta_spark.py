@@ -47,6 +47,7 @@ from datetime import date, datetime, timezone
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal, localcontext
 from typing import Any
 
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
@@ -465,6 +466,13 @@ class DeltaSparkStorage:
         if not wanted:
             return df.where(F.lit(False))
         return df.where(F.col("_metadata.file_name").isin(sorted(set(wanted))))
+
+    def read_arrow(
+        self, path: str, columns: Sequence[str] | None = None, files: Sequence[str] | None = None
+    ) -> pa.Table:
+        """The latest snapshot (or only ``files`` of it) collected as Arrow (one Spark job)."""
+        df = self.read(path, files=files)
+        return (df.select(*[_quote(c) for c in columns]) if columns is not None else df).toArrow()
 
     def files(self, path: str, version: int | None = None) -> list[FileStats]:
         """The snapshot's data files with statistics of the top-level columns from the log."""

@@ -24,6 +24,8 @@ from cdc_join.storage.base import FileStats, Storage
 #: Up to this many distinct wanted values are matched against file ranges on the driver; more
 #: are range-joined in Spark. Either way only candidate paths (bounded by files) come back.
 DRIVER_PRUNING_KEYS = 10_000
+#: Up to this many values of a single key column are matched with an IN filter, not a join.
+ISIN_KEYS = 5_000
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,9 @@ class ScanStats:
 
     files_scanned: int
     files_total: int
+
+    def as_counts(self) -> dict[str, int]:
+        return {"files_scanned": self.files_scanned, "files_total": self.files_total}
 
     def __add__(self, other: ScanStats) -> ScanStats:
         return ScanStats(self.files_scanned + other.files_scanned, self.files_total + other.files_total)
@@ -62,6 +67,9 @@ def read_keyed(
     files = storage.files(path, version)
     selected = candidate_files(storage, path, version, files, keys, on[0], values)
     table = storage.read(path, version, files=selected) if selected else storage.read(path, version).limit(0)
+    if values is not None and len(on) == 1 and len(values) <= ISIN_KEYS:
+        # A list of values filters without a join (and without the job a broadcast costs).
+        return table.filter(F.col(f"`{on[0][0]}`").isin(list(values))), ScanStats(len(selected), len(files))
     wanted = keys.select(*[F.col(f"`{k}`").alias(f"__key{i}") for i, (_, k) in enumerate(on)]).distinct()
     condition = [table[f"`{t}`"].eqNullSafe(wanted[f"__key{i}"]) for i, (t, _) in enumerate(on)]
     return table.join(F.broadcast(wanted), condition, "left_semi"), ScanStats(len(selected), len(files))
