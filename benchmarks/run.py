@@ -64,6 +64,20 @@ def _load() -> float:
     return round(os.getloadavg()[0], 2)
 
 
+def peak_driver_rss_mb(spark: Any) -> dict[str, float | None]:
+    """Peak resident memory of the driver: the Python process and (local mode) its JVM."""
+    import resource
+
+    python = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    jvm = None
+    with contextlib.suppress(Exception):
+        pid = spark.sparkContext._gateway.proc.pid
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                jvm = int(line.split()[1]) / 1024
+    return {"python": round(python, 1), "jvm": None if jvm is None else round(jvm, 1)}
+
+
 def _step_sum(report: Any, prefix: str, key: str) -> int:
     return sum(int(c.get(key) or 0) for name, c in report.steps.items() if name.startswith(prefix))
 
@@ -128,6 +142,10 @@ def run_batch(
         "load_after": _load(),
         "steps_s": dict(report.seconds),
         "steps": report.steps,
+        "spark_jobs": sum(n for step, n in report.spark_jobs.items() if step != "ingest"),
+        "ingest_spark_jobs": report.spark_jobs.get("ingest"),
+        "spark_jobs_by_step": dict(report.spark_jobs),
+        "peak_driver_rss_mb": peak_driver_rss_mb(pipeline.spark),
     }
 
 
@@ -216,6 +234,7 @@ def bench_scale(
             f"incremental {row['incremental_s']}s "
             f"full {row['full_refresh_s']}s duckdb {row['duckdb_full_s']}s plan {row['plan']} "
             f"subs files {row['subscription_files_scanned']}/{row['subscription_files_total']} "
+            f"jobs {row['spark_jobs']} "
             f"verify {row['verify']['ok']} load {row['load_before']}->{row['load_after']}"
         )
         if not row["verify"]["ok"]:

@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema as _to_arrow_schema
-from pyspark.sql.types import StructField, StructType
+from pyspark.sql.types import ArrayType, DataType, MapType, NullType, StringType, StructField, StructType
 
 from cdc_join.schemas import nullable, quote
 
@@ -104,7 +104,74 @@ class ChangeSet:
 
 def materialize(df: DataFrame) -> ChangeSet:
     """Run ``df`` once (one Spark job) and return its rows as a :class:`ChangeSet`."""
-    return ChangeSet(df.sparkSession, df.schema, df.toArrow())
+    return ChangeSet(df.sparkSession, df.schema, to_arrow(df))
+
+
+def to_arrow(df: DataFrame) -> pa.Table:
+    """``df.toArrow()``, safe for void types nested in arrays, structs and maps.
+
+    A column that so far held only ``[]`` or ``[null]`` is ``array<void>``; Spark's Arrow
+    writer emits list offsets past the end of a null child for it, and the table fails
+    validation. Such columns travel as strings (all null) and are given back their void type
+    on the driver.
+    """
+    if not any(_nested_void(f.dataType) for f in df.schema.fields):
+        return df.toArrow()
+    safe = df.select(
+        *[
+            F.col(quote(f.name)).cast(_without_void(f.dataType)).alias(f.name)
+            if _nested_void(f.dataType)
+            else F.col(quote(f.name))
+            for f in df.schema.fields
+        ]
+    )
+    table = safe.toArrow()
+    target = arrow_schema(df.schema)
+    columns = [_with_type(c.combine_chunks(), t.type) for c, t in zip(table.columns, target, strict=True)]
+    return pa.Table.from_arrays(columns, schema=target)
+
+
+def _has_void(dtype: DataType) -> bool:
+    return isinstance(dtype, NullType) or _nested_void(dtype)
+
+
+def _nested_void(dtype: DataType) -> bool:
+    if isinstance(dtype, ArrayType):
+        return _has_void(dtype.elementType)
+    if isinstance(dtype, MapType):
+        return _has_void(dtype.valueType)
+    if isinstance(dtype, StructType):
+        return any(_has_void(f.dataType) for f in dtype.fields)
+    return False
+
+
+def _without_void(dtype: DataType) -> DataType:
+    if isinstance(dtype, NullType):
+        return StringType()
+    if isinstance(dtype, ArrayType):
+        return ArrayType(_without_void(dtype.elementType), True)
+    if isinstance(dtype, MapType):
+        return MapType(dtype.keyType, _without_void(dtype.valueType), True)
+    if isinstance(dtype, StructType):
+        return StructType([StructField(f.name, _without_void(f.dataType), True) for f in dtype.fields])
+    return dtype
+
+
+def _with_type(array: pa.Array, target: pa.DataType) -> pa.Array:
+    """``array`` rebuilt as ``target``, whose null-typed parts hold only nulls in ``array``."""
+    if pa.types.is_null(target):
+        return pa.nulls(len(array))
+    mask = array.is_null() if array.null_count else None
+    if pa.types.is_list(target) or pa.types.is_large_list(target):
+        values = _with_type(array.values, target.value_type)
+        return type(array).from_arrays(array.offsets, values, type=target, mask=mask)
+    if pa.types.is_map(target):
+        items = _with_type(array.items, target.item_type)
+        return pa.MapArray.from_arrays(array.offsets, array.keys, items, type=target, mask=mask)
+    if pa.types.is_struct(target):
+        children = [_with_type(array.field(i), target.field(i).type) for i in range(target.num_fields)]
+        return pa.StructArray.from_arrays(children, fields=list(target), mask=mask)
+    return array.cast(target)
 
 
 def materialize_all(frames: Sequence[DataFrame]) -> list[ChangeSet]:
@@ -130,7 +197,7 @@ def materialize_all(frames: Sequence[DataFrame]) -> list[ChangeSet]:
         )
         for i, frame in enumerate(frames)
     ]
-    table = functools.reduce(DataFrame.unionAll, parts).toArrow()
+    table = to_arrow(functools.reduce(DataFrame.unionAll, parts))
     out = []
     for i, frame in enumerate(frames):
         mine = table.filter(pc.equal(table.column("__part"), i))
@@ -168,7 +235,7 @@ def collect(df: DataFrame) -> pa.Table:
     Unlike :func:`materialize` no new frame is built: ``df`` stays lazy, and the delta-rs
     backend writes the attached rows.
     """
-    table = df.toArrow()
+    table = to_arrow(df)
     setattr(df, ARROW_ATTRIBUTE, table)
     return table
 

@@ -28,41 +28,45 @@ from pyspark.sql.types import ArrayType, BinaryType, DataType, MapType, StructFi
 SPARK_XXHASH_SEED = 42
 
 
-def canonical_text(column: Column, data_type: DataType) -> Column:
-    """The canonical text of a value: hex for binary, JSON for nested types, else CAST AS STRING."""
+def canonical_text_sql(value: str, data_type: DataType) -> str:
+    """SQL: the canonical text of a value: hex for binary, JSON for nested types, else CAST AS STRING."""
     if isinstance(data_type, BinaryType):
-        return F.hex(column)
+        return f"hex({value})"
     if isinstance(data_type, (StructType, ArrayType, MapType)):
-        return F.to_json(column)
-    return column.cast("string")
+        return f"to_json({value})"
+    return f"CAST({value} AS STRING)"
 
 
-def _length_prefix(text: Column) -> Column:
-    return F.unhex(F.lpad(F.hex(F.octet_length(text)), 8, "0"))
+def encoding_sql(fields: Sequence[StructField], prefix: str = "") -> str:
+    """SQL: the canonical null-aware byte encoding of a row made of ``fields`` (a BINARY).
+
+    Built as SQL text: one expression, one round trip to the JVM however many columns.
+    """
+    parts = []
+    for f in sorted(fields, key=lambda f: f.name):
+        value = prefix + "`" + f.name.replace("`", "``") + "`"
+        text = canonical_text_sql(value, f.dataType)
+        name = f.name.encode("utf-8")
+        header = struct.pack(">I", len(name)) + name
+        length = f"unhex(lpad(hex(octet_length({text})), 8, '0'))"
+        part = f"concat(X'{header.hex()}', {length}, encode({text}, 'UTF-8'))"
+        parts.append(f"CASE WHEN {value} IS NOT NULL THEN {part} ELSE X'' END")
+    return f"concat({', '.join(parts)})" if parts else "X''"
 
 
 def encoding(fields: Sequence[StructField], prefix: str = "") -> Column:
     """The canonical null-aware byte encoding of a row made of ``fields`` (a BINARY column)."""
-    parts = []
-    for f in sorted(fields, key=lambda f: f.name):
-        value = F.col(f"{prefix}`{f.name}`")
-        text = canonical_text(value, f.dataType)
-        name = F.lit(f.name.encode("utf-8"))
-        part = F.concat(
-            F.lit(struct.pack(">I", len(f.name.encode("utf-8")))),
-            name,
-            _length_prefix(text),
-            F.encode(text, "UTF-8"),
-        )
-        parts.append(F.when(value.isNotNull(), part).otherwise(F.lit(b"")))
-    if not parts:
-        return F.lit(b"")
-    return F.concat(*parts)
+    return F.expr(encoding_sql(fields, prefix))
+
+
+def row_hash_sql(fields: Sequence[StructField], prefix: str = "") -> str:
+    """SQL: xxHash64 (signed, seed 42) of :func:`encoding_sql` — the value hash of a row."""
+    return f"xxhash64({encoding_sql(fields, prefix)})"
 
 
 def row_hash(fields: Sequence[StructField], prefix: str = "") -> Column:
     """xxHash64 (signed, seed 42) of :func:`encoding` — the value hash stored with every row."""
-    return F.xxhash64(encoding(fields, prefix))
+    return F.expr(row_hash_sql(fields, prefix))
 
 
 def python_encoding(row: Mapping[str, Any]) -> bytes:

@@ -212,6 +212,17 @@ def conform_column(column: Column, current: DataType, target: DataType) -> Colum
     return column.cast(target)
 
 
+def ddl(data_type: DataType) -> str:
+    """The SQL type of ``data_type``, field names quoted (``simpleString`` does not quote them)."""
+    if isinstance(data_type, StructType):
+        return "STRUCT<" + ", ".join(f"{quote(f.name)}: {ddl(f.dataType)}" for f in data_type.fields) + ">"
+    if isinstance(data_type, ArrayType):
+        return f"ARRAY<{ddl(data_type.elementType)}>"
+    if isinstance(data_type, MapType):
+        return f"MAP<{ddl(data_type.keyType)}, {ddl(data_type.valueType)}>"
+    return data_type.simpleString()
+
+
 def quote(name: str) -> str:
     """A column name as a backtick-quoted Spark SQL identifier."""
     return "`" + name.replace("`", "``") + "`"

@@ -33,8 +33,8 @@ from pyspark.sql.types import BooleanType, LongType, StringType, StructField, St
 from cdc_join.bronze import Increment
 from cdc_join.changeset import ChangeSet, empty, from_arrow, materialize, rows_of_struct
 from cdc_join.config import PipelineConfig, SourceConfig
-from cdc_join.hashing import row_hash
-from cdc_join.schemas import conform, quote, quoted
+from cdc_join.hashing import row_hash_sql
+from cdc_join.schemas import conform, ddl, quote, quoted
 from cdc_join.storage import Storage
 from cdc_join.storage.pruning import read_keyed
 from cdc_join.tables import (
@@ -96,33 +96,34 @@ def current_rows(state: DataFrame, key: Sequence[str]) -> DataFrame:
 
 
 def event_rows(events: DataFrame, source: SourceConfig, run_id: int) -> DataFrame:
-    """Bronze events (``_op``, ``_before``, ``_after``, ``_seq``, …) shaped like state rows.
+    """Bronze events (``_op``, ``_before``, ``_after``, ``_seq`` …) shaped like state rows.
 
     The key comes from ``before`` for deletes and from ``after`` otherwise; a delete keeps only
-    its key. A truncate becomes a row with a null key (see :func:`_reduce`).
+    its key. A truncate becomes a tombstone row with a null key. One projection of SQL text.
     """
     row_type = events.schema["_after"].dataType
     assert isinstance(row_type, StructType)
-    is_delete = F.col("_op") == "d"
-    columns: list[Column] = []
+    deleted = "_op IN ('d', 't')"
+    value_hash = row_hash_sql(row_type.fields, "_after.")
+    columns = []
     for f in row_type.fields:
-        after = F.col(f"_after.{quote(f.name)}")
+        name = quote(f.name)
         if f.name in source.primary_key:
-            value = F.when(is_delete, F.col(f"_before.{quote(f.name)}")).otherwise(after)
+            columns.append(f"CASE WHEN _op = 'd' THEN _before.{name} ELSE _after.{name} END AS {name}")
         else:
-            value = F.when(is_delete, F.lit(None).cast(f.dataType)).otherwise(after)
-        columns.append(value.alias(f.name))
-    deleted = is_delete | (F.col("_op") == "t")
-    return events.select(
+            columns.append(
+                f"CASE WHEN {deleted} THEN CAST(NULL AS {ddl(f.dataType)}) ELSE _after.{name} END AS {name}"
+            )
+    return events.selectExpr(
         *columns,
-        F.col("_seq").alias(SEQ),
-        F.col("_file").cast("string").alias(FILE),
-        F.col("_line").cast("long").alias(LINE),
-        F.col("_op").alias(OP),
-        deleted.alias(DELETED),
-        F.when(~deleted, row_hash(row_type.fields)).otherwise(F.lit(None).cast("long")).alias(HASH),
-        F.col("_ts_ms").alias(TS_MS),
-        F.lit(run_id).cast("long").alias(RUN),
+        f"_seq AS {SEQ}",
+        f"CAST(_file AS STRING) AS {FILE}",
+        f"CAST(_line AS BIGINT) AS {LINE}",
+        f"_op AS {OP}",
+        f"{deleted} AS {DELETED}",
+        f"CASE WHEN {deleted} THEN CAST(NULL AS BIGINT) ELSE {value_hash} END AS {HASH}",
+        f"_ts_ms AS {TS_MS}",
+        f"CAST({int(run_id)} AS BIGINT) AS {RUN}",
     )
 
 

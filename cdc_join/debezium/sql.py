@@ -9,9 +9,8 @@ from turning into the text ``"null"``.
 
 from __future__ import annotations
 
-from pyspark.sql.types import ArrayType, DataType, MapType, StructType
-
 from cdc_join.errors import InputError
+from cdc_join.schemas import ddl as ddl
 
 #: Longest JSON excerpt a quarantine reason quotes.
 MESSAGE_JSON_CHARS = 200
@@ -69,17 +68,6 @@ def is_object(v: str) -> str:
 def json_text(v: str) -> str:
     """The start of ``v``'s JSON text, for quarantine reasons."""
     return f"substr(to_json({v}), 1, {MESSAGE_JSON_CHARS})"
-
-
-def ddl(dtype: DataType) -> str:
-    """The SQL type of ``dtype``, field names quoted (``simpleString`` does not quote them)."""
-    if isinstance(dtype, StructType):
-        return "STRUCT<" + ", ".join(f"{ident(f.name)}: {ddl(f.dataType)}" for f in dtype.fields) + ">"
-    if isinstance(dtype, ArrayType):
-        return f"ARRAY<{ddl(dtype.elementType)}>"
-    if isinstance(dtype, MapType):
-        return f"MAP<{ddl(dtype.keyType)}, {ddl(dtype.valueType)}>"
-    return dtype.simpleString()
 
 
 class Names:

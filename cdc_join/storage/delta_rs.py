@@ -77,7 +77,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from cdc_join.changeset import ARROW_ATTRIBUTE, arrow_of
+from cdc_join.changeset import ARROW_ATTRIBUTE, arrow_of, to_arrow
 from cdc_join.errors import ConcurrentRunError, StorageError
 from cdc_join.schemas import changed_types, conform, merge_schemas
 from cdc_join.storage.base import FileStats, MergeSpec, WriteMetrics, is_table_name
@@ -87,6 +87,8 @@ COMMIT_VERSION = "_commit_version"
 # A double holds 15 significant decimal digits exactly.
 _DOUBLE_EXACT_DIGITS = 15
 _ROW_COLUMN = "__cdc_join_row"
+#: Snapshots of given versions kept open (pinned versions a run reads again and again).
+_SNAPSHOTS_KEPT = 64
 _HIT_COLUMN = "__cdc_join_hit"
 _SOURCE_NAME = "cdc_join_merge_source"
 _TARGET_NAME = "cdc_join_merge_target"
@@ -332,15 +334,46 @@ class DeltaRsStorage:
     def __init__(self, spark: SparkSession, storage_options: dict[str, str] | None = None) -> None:
         self.spark = spark
         self.storage_options = storage_options
+        self._latest: dict[str, DeltaTable] = {}
+        self._versions: dict[tuple[str, int], DeltaTable] = {}
+        self._files: dict[tuple[str, int], list[FileStats]] = {}
 
     # ------------------------------------------------------------------ helpers
 
     def _load(self, path: str, version: int | None = None) -> DeltaTable:
+        """The table for reading: its latest snapshot, or a given version.
+
+        Snapshots are kept per table root: the latest is brought up to date incrementally (a
+        run opens the same tables dozens of times; a full load reads the whole log), and a
+        given version never changes. Writes open their own (:meth:`_load_for_write`).
+        """
         root = table_root(path)
         with _delta_errors("open" if version is None else f"open version {version} of", path):
-            if not DeltaTable.is_deltatable(root, self.storage_options):
-                raise StorageError(f"No Delta table at {path}")
-            return DeltaTable(root, version=version, storage_options=self.storage_options)
+            if version is not None:
+                key = (root, int(version))
+                if key not in self._versions:
+                    self._versions[key] = self._open(root, path, version)
+                    while len(self._versions) > _SNAPSHOTS_KEPT:
+                        self._versions.pop(next(iter(self._versions)))
+                return self._versions[key]
+            latest = self._latest.get(root)
+            if latest is None:
+                latest = self._latest[root] = self._open(root, path, None)
+            else:
+                latest.update_incremental()
+            return latest
+
+    def _open(self, root: str, path: str, version: int | None) -> DeltaTable:
+        if not DeltaTable.is_deltatable(root, self.storage_options):
+            raise StorageError(f"No Delta table at {path}")
+        return DeltaTable(root, version=version, storage_options=self.storage_options)
+
+    def _load_for_write(self, path: str, expected_version: int | None = None) -> DeltaTable:
+        """A fresh table object for a write (a commit updates the object it was made with)."""
+        root = table_root(path)
+        self._latest.pop(root, None)
+        with _delta_errors("open", path):
+            return self._open(root, path, expected_version)
 
     @staticmethod
     def _spark_schema(dt: DeltaTable) -> StructType:
@@ -440,7 +473,7 @@ class DeltaRsStorage:
         # A change set materialized earlier in the run carries its rows: no second Spark job.
         table = arrow_of(df)
         if table is None:
-            table = df.toArrow()
+            table = to_arrow(df)
         if target is None:
             return table
         fields = []
@@ -565,6 +598,14 @@ class DeltaRsStorage:
         wider than 15 digits, whose delta-rs statistics are rounded doubles.
         """
         dt = self._load(path, version)
+        key = (table_root(path), dt.version())
+        if key not in self._files:
+            self._files[key] = self._file_stats(dt, path)
+            while len(self._files) > _SNAPSHOTS_KEPT:
+                self._files.pop(next(iter(self._files)))
+        return list(self._files[key])
+
+    def _file_stats(self, dt: DeltaTable, path: str) -> list[FileStats]:
         self._check_plain_parquet(dt, path)
         root = table_root(path)
         fields = self._spark_schema(dt).fields
@@ -636,7 +677,7 @@ class DeltaRsStorage:
         self, path: str, df: DataFrame, *, merge_schema: bool = False, expected_version: int | None = None
     ) -> WriteMetrics:
         """Append ``df``; with ``merge_schema`` its new columns are added to the table."""
-        dt = self._load(path, expected_version)
+        dt = self._load_for_write(path, expected_version)
         before_version, before = dt.version(), self._file_records(dt, path)
         data = self._source_arrow(df, pa.schema(dt.schema().to_arrow()))
         with _delta_errors("append to", path):
@@ -653,7 +694,7 @@ class DeltaRsStorage:
 
     def overwrite(self, path: str, df: DataFrame, *, expected_version: int | None = None) -> WriteMetrics:
         """Replace every row of the table with ``df`` (same schema)."""
-        dt = self._load(path, expected_version)
+        dt = self._load_for_write(path, expected_version)
         before_version, before = dt.version(), self._file_records(dt, path)
         data = self._source_arrow(df, pa.schema(dt.schema().to_arrow()))
         with _delta_errors("overwrite", path):
@@ -673,7 +714,7 @@ class DeltaRsStorage:
         """MERGE ``source`` (materialized as Arrow first) into the table as ``spec`` says."""
         if spec.delete_condition is None and not spec.update and not spec.insert:
             raise ValueError("MergeSpec has no clause: set delete_condition, update or insert")
-        dt = self._load(path, expected_version)
+        dt = self._load_for_write(path, expected_version)
         before_version, before = dt.version(), self._file_records(dt, path)
         target = pa.schema(dt.schema().to_arrow())
         # toArrow() runs the source once, here, so the merge never re-evaluates it.
@@ -755,7 +796,7 @@ class DeltaRsStorage:
 
     def delete(self, path: str, predicate: str | None = None) -> WriteMetrics:
         """Delete the rows matching ``predicate`` (all rows when ``None``)."""
-        dt = self._load(path)
+        dt = self._load_for_write(path)
         before_version, before = dt.version(), self._file_records(dt, path)
         with _delta_errors("delete from", path):
             raw = dt.delete(predicate)
@@ -774,7 +815,7 @@ class DeltaRsStorage:
         """Add ``schema``'s new columns; widen types by rewriting the table (delta-rs has no
         type widening). The rewrite is one overwrite commit: readers see the old or the new
         table, never a mix."""
-        dt = self._load(path)
+        dt = self._load_for_write(path)
         current = self._spark_schema(dt)
         target = merge_schemas(current, schema)
         if target == current:
@@ -804,7 +845,7 @@ class DeltaRsStorage:
         self, path: str, zorder_by: Sequence[str] | None = None, target_size: int | None = None
     ) -> WriteMetrics:
         """Z-order by ``zorder_by`` when given, else compact small files (no data change)."""
-        dt = self._load(path)
+        dt = self._load_for_write(path)
         before_version, before = dt.version(), self._file_records(dt, path)
         with _delta_errors("optimize", path):
             if zorder_by:

@@ -67,6 +67,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from cdc_join.changeset import to_arrow
 from cdc_join.errors import ConcurrentRunError, StorageError
 from cdc_join.schemas import changed_types, conform, merge_schemas
 from cdc_join.storage.base import FileStats, MergeSpec, WriteMetrics, is_table_name, quote_table_name
@@ -472,7 +473,7 @@ class DeltaSparkStorage:
     ) -> pa.Table:
         """The latest snapshot (or only ``files`` of it) collected as Arrow (one Spark job)."""
         df = self.read(path, files=files)
-        return (df.select(*[_quote(c) for c in columns]) if columns is not None else df).toArrow()
+        return to_arrow(df.select(*[_quote(c) for c in columns]) if columns is not None else df)
 
     def files(self, path: str, version: int | None = None) -> list[FileStats]:
         """The snapshot's data files with statistics of the top-level columns from the log."""

@@ -17,7 +17,8 @@ Three tables: ``lhs`` joined to ``rhs`` on a composite foreign key ``(a, b)`` an
   step, then run again.
 
 The oracle recomputes the join in plain Python from the delivered events. Examples:
-``CDC_JOIN_PROPERTY_EXAMPLES`` (default 6), or ``CDC_JOIN_PROPERTY_PROFILE=slow`` for 300.
+``CDC_JOIN_PROPERTY_EXAMPLES`` (default 6), or ``CDC_JOIN_PROPERTY_PROFILE=slow`` for 300
+with shrinking.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from cdc_join.report import SimulatedCrash
@@ -87,6 +88,10 @@ RUN_CRASHES = [
 REFRESH_CRASHES = ["state:lhs", "state:rhs2", "subscription:rhs", "resolve", "silver"]
 PROFILE = os.environ.get("CDC_JOIN_PROPERTY_PROFILE", "")
 EXAMPLES = int(os.environ.get("CDC_JOIN_PROPERTY_EXAMPLES", "300" if PROFILE == "slow" else "6"))
+# An example costs tens of seconds of Spark: shrinking a failure can take longer than the whole
+# suite, so only the slow profile shrinks. Without it a failure still prints its full example
+# and a @reproduce_failure blob to replay it.
+PHASES = tuple(Phase) if PROFILE == "slow" else (Phase.explicit, Phase.reuse, Phase.generate)
 
 maybe = st.booleans()
 operation = st.one_of(
@@ -238,6 +243,7 @@ def silver(pipeline) -> set[tuple]:
 
 @settings(
     max_examples=EXAMPLES,
+    phases=PHASES,
     deadline=None,
     suppress_health_check=[
         HealthCheck.function_scoped_fixture,
