@@ -11,11 +11,14 @@ Both are keyed reads (:mod:`cdc_join.storage.pruning`) of the table versions a r
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from cdc_join import state, subscription
-from cdc_join.changeset import ChangeSet
+from cdc_join.changeset import ChangeSet, materialize_all
 from cdc_join.config import JoinConfig, PipelineConfig, SourceConfig
 from cdc_join.schemas import quote
 from cdc_join.storage import Storage
@@ -48,6 +51,30 @@ def right_rows(
         F.struct(*[F.col(quote(f.name)) for f in values]).alias(RIGHT),
         F.col(SEQ).alias(RIGHT_SEQ),
     )
+
+
+def all_subscribers(
+    storage: Storage,
+    config: PipelineConfig,
+    changes: Mapping[str, state.SourceChanges],
+    counts: dict[str, Any],
+) -> dict[str, ChangeSet]:
+    """Per join, the current subscribers of its changed right keys, all read in one Spark job.
+
+    ``counts`` gets, per join alias, the changed right keys, the files the prefix-range reads
+    scanned and skipped, and the subscribers found.
+    """
+    found = {}
+    for join in config.joins:
+        keys = changed_right_keys(changes[join.right].keys, config.sources[join.right], join)
+        path = config.subscription_path(join)
+        if keys.rows and storage.exists(path):
+            found[join.alias], scans = subscribers(storage, config, join, keys, storage.version(path))
+            counts[join.alias] = {"right_keys_changed": keys.rows, **scans.as_counts()}
+    done = dict(zip(found, materialize_all(list(found.values())), strict=True)) if found else {}
+    for alias, rows in done.items():
+        counts[alias]["subscribers"] = rows.rows
+    return done
 
 
 def subscribers(

@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from pyspark.sql import SparkSession
 
 from cdc_join import bronze, cost, lookup, resolve, runlog, silver, state, subscription, verify
-from cdc_join.changeset import ChangeSet, collect, materialize_all
+from cdc_join.changeset import ChangeSet, collect
 from cdc_join.config import PipelineConfig
 from cdc_join.ingest import ingest_all
 from cdc_join.report import RunReport, SparkJobs
@@ -99,7 +99,7 @@ class Pipeline:
         if plan == REFRESH or (
             first_run and plan != "incremental" and cost.rebuild_first(store, cfg, versions)
         ):
-            pinned, watermarks = self._rebuild_states(versions, report)
+            pinned, watermarks = state.rebuild_all(store, cfg, versions, run_id, report.step)
             reason = "full refresh" if plan == REFRESH else f"first run of {cost.RECOMPUTE_MIN_ROWS}+ rows"
             report.steps["plan"] = {"decision": "recompute", "reason": f"{reason}: state rebuilt from bronze"}
             self._recompute(pinned, report, begin)
@@ -111,15 +111,20 @@ class Pipeline:
                     cfg.state_path(name),
                     cfg.sources[name],
                     bronze.increment(store, cfg, name, previous, versions[name]),
-                    _previous(previous, name),
+                    state.Previous.of(previous, name),
                     run_id,
                 )
                 for name in cfg.sources
             }
             decision = cost.decide(store, cfg, {n: c.keys.rows for n, c in changes.items()}, plan, first_run)
             counts.update(decision.as_report())
-        subscribers = {} if decision.recompute else self._subscribers(changes, report)
-        applied, left_current = self._apply(changes, subscribers, previous, report)
+        subscribers = {}
+        if not decision.recompute:
+            with report.step("lookup") as counts:
+                subscribers = lookup.all_subscribers(store, cfg, changes, counts)
+        applied, left_current = state.apply_all(
+            store, cfg, changes, subscribers, previous, run_id, report.step
+        )
         pinned = {name: a.version for name, a in applied.items()}
         if decision.recompute:
             self._recompute(pinned, report, begin)
@@ -128,65 +133,6 @@ class Pipeline:
         return Checkpoint(
             run_id, versions, pinned, {n: a.watermark for n, a in applied.items() if a.watermark}
         )
-
-    def _rebuild_states(
-        self, versions: Mapping[str, int], report: RunReport
-    ) -> tuple[dict[str, int], dict[str, str]]:
-        """Every state table rebuilt from its bronze snapshot; the pinned versions and watermarks."""
-        cfg, store = self.config, self.storage
-        pinned, watermarks = {}, {}
-        for name in cfg.sources:
-            with report.step(f"state:{name}") as counts:
-                events = store.read(cfg.bronze_path(name), versions[name])
-                rows, watermark = state.rebuild(
-                    store, cfg.state_path(name), cfg.sources[name], events, report.run_id
-                )
-                pinned[name] = store.version(cfg.state_path(name))
-                counts.update(rebuilt=rows)
-                if watermark:
-                    watermarks[name] = watermark
-        return pinned, watermarks
-
-    def _subscribers(
-        self, changes: Mapping[str, state.SourceChanges], report: RunReport
-    ) -> dict[str, ChangeSet]:
-        """Per join, the current subscribers of its changed right keys (one Spark job for all)."""
-        cfg, store = self.config, self.storage
-        with report.step("lookup") as counts:
-            found = {}
-            for join in cfg.joins:
-                keys = lookup.changed_right_keys(changes[join.right].keys, cfg.sources[join.right], join)
-                path = cfg.subscription_path(join)
-                if keys.rows and store.exists(path):
-                    found[join.alias], scans = lookup.subscribers(store, cfg, join, keys, store.version(path))
-                    counts[join.alias] = {"right_keys_changed": keys.rows, **scans.as_counts()}
-            done = dict(zip(found, materialize_all(list(found.values())), strict=True)) if found else {}
-            for alias, rows in done.items():
-                counts[alias]["subscribers"] = rows.rows
-            return done
-
-    def _apply(
-        self,
-        changes: Mapping[str, state.SourceChanges],
-        subscribers: Mapping[str, ChangeSet],
-        previous: Checkpoint,
-        report: RunReport,
-    ) -> tuple[dict[str, state.Applied], ChangeSet]:
-        """Apply every source's changes; the left images are read for the subscribers' keys too."""
-        cfg, store, run_id = self.config, self.storage, report.run_id
-        with report.step("state"):
-            frames = state.frames(
-                store, cfg, changes, subscribers, {n: _previous(previous, n) for n in cfg.sources}, run_id
-            )
-            done = dict(zip(frames, materialize_all(list(frames.values())), strict=True)) if frames else {}
-        applied = {}
-        for name in cfg.sources:
-            with report.step(f"state:{name}") as counts:
-                applied[name] = state.applied(
-                    store, cfg.state_path(name), cfg.sources[name], changes[name], done.get(name)
-                )
-                counts.update(applied[name].as_counts())
-        return applied, state.current(store, cfg.state_path(cfg.left), done.get(cfg.left))
 
     def _incremental(
         self,
@@ -205,45 +151,25 @@ class Pipeline:
             )
             counts.update(stale_dropped=resolved.stale_dropped, affected_keys=resolved.affected_keys)
         with report.step("silver") as counts:
-            counts.update(self._merge(resolved.rows, begin) if resolved.rows is not None else silver.NOTHING)
-        for join in cfg.joins:
-            with report.step(f"subscription:{join.alias}") as counts:
-                path, messages = cfg.subscription_path(join), resolved.instructions.get(join.alias)
-                subscription.prepare(
-                    store, path, cfg.left_source, join, store.schema(cfg.state_path(cfg.left))
-                )
-                counts["instructions"] = messages.value_counts(subscription.INSTRUCTION) if messages else {}
-                if messages is not None:
-                    written = subscription.append_instructions(
-                        store, path, messages, cfg.left_source, join, run_id
-                    )
-                    counts.update(subscribed=written.subscribed, unsubscribed=written.unsubscribed)
+            if resolved.rows is not None:
+                expected = silver.prepare(store, cfg, resolved.rows.frame, begin.silver_version)
+                merged = silver.merge(store, cfg, resolved.rows.frame, expected_version=expected)
+                counts.update(merged.as_counts())
+            else:
+                counts.update(silver.NOTHING)
+        subscription.write_all(store, cfg, resolved.instructions, run_id, report.step)
         with report.step("cleanup") as counts:
-            removed = 0
-            for join in cfg.joins:
-                orphans = resolved.orphans(join)
-                if orphans is not None and orphans.rows:
-                    path = cfg.subscription_path(join)
-                    removed += subscription.unsubscribe(store, path, orphans, cfg.left_source, join, run_id)
+            removed = subscription.remove_orphans(store, cfg, resolved.orphans, run_id)
             counts["stale_subscriptions_removed"] = removed
-
-    def _merge(self, rows: ChangeSet, begin: RunStart) -> dict[str, int | None]:
-        """MERGE rows into silver, created or widened first, guarded by the version seen at start."""
-        expected = silver.prepare(self.storage, self.config, rows.frame, begin.silver_version)
-        return silver.merge(self.storage, self.config, rows.frame, expected_version=expected).as_counts()
 
     def _recompute(self, pinned: dict[str, int], report: RunReport, begin: RunStart) -> None:
         """The whole join from the pinned state: subscriptions rebuilt, silver's differences MERGEd."""
         cfg, store, run_id = self.config, self.storage, report.run_id
-        left_path = cfg.state_path(cfg.left)
-        left_rows = state.read_current(store, left_path, cfg.left_source.primary_key, pinned[cfg.left])
+        left_rows = state.read_current(
+            store, cfg.state_path(cfg.left), cfg.left_source.primary_key, pinned[cfg.left]
+        )
+        subscription.rebuild_all(store, cfg, left_rows, run_id, report.step)
         for join in cfg.joins:
-            with report.step(f"subscription:{join.alias}") as counts:
-                path = cfg.subscription_path(join)
-                subscription.prepare(store, path, cfg.left_source, join, store.schema(left_path))
-                counts["rebuilt"] = subscription.rebuild(
-                    store, path, left_rows, cfg.left_source, join, run_id
-                )
             report.steps[f"lookup:{join.alias}"] = {
                 "skipped": "recompute: right rows are joined on the current fk"
             }
@@ -258,10 +184,3 @@ class Pipeline:
             else:
                 counts.update(silver.NOTHING)
         report.steps["cleanup"] = {"stale_subscriptions_removed": "none left: subscriptions were rebuilt"}
-
-
-def _previous(checkpoint: Checkpoint, name: str) -> state.Previous:
-    """What the last completed run left of one source."""
-    return state.Previous(
-        checkpoint.state_versions.get(name), checkpoint.watermarks.get(name), checkpoint.run_id
-    )

@@ -11,6 +11,9 @@ from typing import Any
 
 _GROUPS = itertools.count()
 
+#: What a hop is handed to time its sub-steps: ``with step("state:orders") as counts: ...``.
+Step = Callable[[str], contextlib.AbstractContextManager[dict[str, Any]]]
+
 
 class SparkJobs:
     """Counts the Spark jobs each step of a run starts, with one job group per step.

@@ -14,7 +14,7 @@ place, so a run costs in proportion to its changes; maintenance compacts the tab
 tells the rows of the last completed run (its *old* images) from those a killed attempt of
 itself already wrote.
 
-:func:`apply` is idempotent: a rerun after a crash appends only what is still missing (at most
+:func:`apply_all` is idempotent: a rerun after a crash appends only what is still missing (at most
 duplicates of rows already there, which :func:`newest` folds), and it returns the same changed
 keys with the same old and new images.
 """
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -31,9 +32,10 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType
 
 from cdc_join.bronze import Increment
-from cdc_join.changeset import ChangeSet, empty, from_arrow, materialize, rows_of_struct
+from cdc_join.changeset import ChangeSet, empty, from_arrow, materialize, materialize_all, rows_of_struct
 from cdc_join.config import PipelineConfig, SourceConfig
 from cdc_join.hashing import row_hash_sql
+from cdc_join.report import Step
 from cdc_join.schemas import conform, ddl, quote, quoted
 from cdc_join.storage import Storage
 from cdc_join.storage.pruning import read_keyed
@@ -50,6 +52,9 @@ from cdc_join.tables import (
     pk_columns,
     table_properties,
 )
+
+if TYPE_CHECKING:
+    from cdc_join.runlog import Checkpoint
 
 OLD = "_old"
 NEW = "_new"
@@ -134,6 +139,13 @@ class Previous:
     version: int | None = None
     watermark: str | None = None
     run_id: int = 0
+
+    @staticmethod
+    def of(checkpoint: Checkpoint, name: str) -> Previous:
+        """What the last completed run (``checkpoint``) left of one source."""
+        return Previous(
+            checkpoint.state_versions.get(name), checkpoint.watermarks.get(name), checkpoint.run_id
+        )
 
 
 @dataclass(frozen=True)
@@ -323,6 +335,50 @@ class Applied:
             "truncated": self.truncated,
             "truncate_applied": int(self.truncate_applied),
         }
+
+
+def apply_all(
+    storage: Storage,
+    config: PipelineConfig,
+    changes: Mapping[str, SourceChanges],
+    subscribers: Mapping[str, ChangeSet],
+    previous: Checkpoint,
+    run_id: int,
+    step: Step,
+) -> tuple[dict[str, Applied], ChangeSet]:
+    """Apply every source's changes (one Spark job for all, then one append per source).
+
+    Returns what was applied per source, and the current left rows of every key the run may
+    affect: the changed left keys and the subscribers of changed right keys.
+    """
+    with step("state"):
+        before = {name: Previous.of(previous, name) for name in config.sources}
+        planned = frames(storage, config, changes, subscribers, before, run_id)
+        done = dict(zip(planned, materialize_all(list(planned.values())), strict=True)) if planned else {}
+    out = {}
+    for name in config.sources:
+        with step(f"state:{name}") as counts:
+            out[name] = applied(
+                storage, config.state_path(name), config.sources[name], changes[name], done.get(name)
+            )
+            counts.update(out[name].as_counts())
+    return out, current(storage, config.state_path(config.left), done.get(config.left))
+
+
+def rebuild_all(
+    storage: Storage, config: PipelineConfig, versions: Mapping[str, int], run_id: int, step: Step
+) -> tuple[dict[str, int], dict[str, str]]:
+    """Every state table rebuilt from its bronze snapshot; the new versions and watermarks."""
+    pinned, watermarks = {}, {}
+    for name in config.sources:
+        with step(f"state:{name}") as counts:
+            events = storage.read(config.bronze_path(name), versions[name])
+            rows, watermark = rebuild(storage, config.state_path(name), config.sources[name], events, run_id)
+            pinned[name] = storage.version(config.state_path(name))
+            counts.update(rebuilt=rows)
+            if watermark:
+                watermarks[name] = watermark
+    return pinned, watermarks
 
 
 def frames(

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import enum
 import functools
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +41,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType
 
 from cdc_join.changeset import ChangeSet, arrow_schema, from_arrow
-from cdc_join.config import JoinConfig, JoinType, SourceConfig
+from cdc_join.config import JoinConfig, JoinType, PipelineConfig, SourceConfig
+from cdc_join.report import Step
 from cdc_join.schemas import quote, quoted
 from cdc_join.state import NEW, OLD
 from cdc_join.storage import Storage
@@ -338,6 +340,50 @@ def rebuild(
         .orderBy(*fk_columns(join), *pk_columns(left))
     )
     return storage.overwrite(path, rows).rows_inserted or 0
+
+
+def write_all(
+    storage: Storage, config: PipelineConfig, instructions: Mapping[str, ChangeSet], run_id: int, step: Step
+) -> None:
+    """Append every join's instructions to its subscription table (created first if need be)."""
+    left_schema = storage.schema(config.state_path(config.left))
+    for join in config.joins:
+        with step(f"subscription:{join.alias}") as counts:
+            path, messages = config.subscription_path(join), instructions.get(join.alias)
+            prepare(storage, path, config.left_source, join, left_schema)
+            counts["instructions"] = messages.value_counts(INSTRUCTION) if messages else {}
+            if messages is not None:
+                written = append_instructions(storage, path, messages, config.left_source, join, run_id)
+                counts.update(subscribed=written.subscribed, unsubscribed=written.unsubscribed)
+
+
+def rebuild_all(
+    storage: Storage, config: PipelineConfig, left_rows: DataFrame, run_id: int, step: Step
+) -> None:
+    """Every join's subscription table rebuilt from the current left rows (a recompute)."""
+    left_schema = storage.schema(config.state_path(config.left))
+    for join in config.joins:
+        with step(f"subscription:{join.alias}") as counts:
+            path = config.subscription_path(join)
+            prepare(storage, path, config.left_source, join, left_schema)
+            counts["rebuilt"] = rebuild(storage, path, left_rows, config.left_source, join, run_id)
+
+
+def remove_orphans(
+    storage: Storage,
+    config: PipelineConfig,
+    orphans: Callable[[JoinConfig], ChangeSet | None],
+    run_id: int,
+) -> int:
+    """Unsubscribe, per join, the subscriptions a run found without a current left row."""
+    removed = 0
+    for join in config.joins:
+        found = orphans(join)
+        if found is not None and found.rows:
+            removed += unsubscribe(
+                storage, config.subscription_path(join), found, config.left_source, join, run_id
+            )
+    return removed
 
 
 def unsubscribe(

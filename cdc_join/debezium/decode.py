@@ -41,7 +41,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from cdc_join.debezium import types as T
+import cdc_join.debezium.types as T
 from cdc_join.debezium.sql import (
     Names,
     absent,

@@ -27,8 +27,8 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
+import cdc_join.debezium.types as T
 from cdc_join.config import SourceConfig
-from cdc_join.debezium import types as T
 from cdc_join.debezium.decode import IMAGES, SchemaGroup, decode_images, plan_rows
 from cdc_join.debezium.sequence import (
     DEFAULT_FIELDS,

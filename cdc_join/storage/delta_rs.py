@@ -54,7 +54,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -65,11 +65,9 @@ from deltalake import Schema as DeltaSchema
 from deltalake.exceptions import DeltaError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import (
-    ArrayType,
     DataType,
     DecimalType,
     LongType,
-    MapType,
     StringType,
     StructField,
     StructType,
@@ -79,7 +77,7 @@ from pyspark.sql.types import (
 
 from cdc_join.changeset import ARROW_ATTRIBUTE, arrow_of, to_arrow
 from cdc_join.errors import ConcurrentRunError, StorageError
-from cdc_join.schemas import changed_types, conform, merge_schemas
+from cdc_join.schemas import changed_types, conform, merge_schemas, nullable
 from cdc_join.storage.base import FileStats, MergeSpec, WriteMetrics, is_table_name
 
 CHANGE_TYPE = "_change_type"
@@ -198,22 +196,9 @@ def spark_schema_to_delta(schema: StructType) -> DeltaSchema:
     return DeltaSchema.from_json(schema.json())
 
 
-def as_nullable(data_type: DataType) -> DataType:
-    """``data_type`` with every field, element and value nullable, as Spark's file sources read."""
-    if isinstance(data_type, StructType):
-        return StructType(
-            [StructField(f.name, as_nullable(f.dataType), True, f.metadata) for f in data_type.fields]
-        )
-    if isinstance(data_type, ArrayType):
-        return ArrayType(as_nullable(data_type.elementType), True)
-    if isinstance(data_type, MapType):
-        return MapType(as_nullable(data_type.keyType), as_nullable(data_type.valueType), True)
-    return data_type
-
-
 def nullable_struct(schema: StructType) -> StructType:
-    """:func:`as_nullable` for a whole schema."""
-    result = as_nullable(schema)
+    """:func:`cdc_join.schemas.nullable` for a whole schema."""
+    result = nullable(schema)
     assert isinstance(result, StructType)
     return result
 
@@ -677,35 +662,35 @@ class DeltaRsStorage:
         self, path: str, df: DataFrame, *, merge_schema: bool = False, expected_version: int | None = None
     ) -> WriteMetrics:
         """Append ``df``; with ``merge_schema`` its new columns are added to the table."""
-        dt = self._load_for_write(path, expected_version)
-        before_version, before = dt.version(), self._file_records(dt, path)
-        data = self._source_arrow(df, pa.schema(dt.schema().to_arrow()))
-        with _delta_errors("append to", path):
-            write_deltalake(
-                dt,
-                data,
-                mode="append",
-                schema_mode="merge" if merge_schema else None,
-                storage_options=self.storage_options,
-                commit_properties=_guard(expected_version),
-            )
-        metrics = self._metrics_after(path, before_version, before)
-        return replace(metrics, rows_inserted=_to_int(metrics.extra["metrics"].get("num_added_rows")))
+        return self._write(
+            path, df, "append", expected_version, schema_mode="merge" if merge_schema else None
+        )
 
     def overwrite(self, path: str, df: DataFrame, *, expected_version: int | None = None) -> WriteMetrics:
         """Replace every row of the table with ``df`` (same schema)."""
+        return self._write(path, df, "overwrite", expected_version)
+
+    def _write(
+        self,
+        path: str,
+        df: DataFrame,
+        mode: Literal["append", "overwrite"],
+        expected_version: int | None,
+        schema_mode: Literal["merge"] | None = None,
+    ) -> WriteMetrics:
         dt = self._load_for_write(path, expected_version)
         before_version, before = dt.version(), self._file_records(dt, path)
         data = self._source_arrow(df, pa.schema(dt.schema().to_arrow()))
-        with _delta_errors("overwrite", path):
+        with _delta_errors("append to" if mode == "append" else mode, path):
             write_deltalake(
                 dt,
                 data,
-                mode="overwrite",
+                mode=mode,
+                schema_mode=schema_mode,
                 storage_options=self.storage_options,
                 commit_properties=_guard(expected_version),
             )
-        metrics = self._metrics_after(path, before_version, before, count_removed_rows=True)
+        metrics = self._metrics_after(path, before_version, before, count_removed_rows=mode == "overwrite")
         return replace(metrics, rows_inserted=_to_int(metrics.extra["metrics"].get("num_added_rows")))
 
     def merge(
