@@ -141,15 +141,27 @@ def test_truncate_removes_older_rows_and_late_older_events_do_not_resurrect_them
     )
     w.write(
         "lhs",
-        [w.upsert("lhs", {"id": "a", "fk": 1, "v": 0}, 3), w.upsert("lhs", {"id": "b", "fk": 2, "v": 0}, 4)],
+        [
+            w.upsert("lhs", {"id": "a", "fk": 1, "v": 0}, 3),
+            w.upsert("lhs", {"id": "b", "fk": 2, "v": 0}, 4),
+            w.upsert("lhs", {"id": "c", "fk": 3, "v": 0}, 5),
+        ],
     )
     pipeline.run()
     w.write("rhs", [w.event("rhs", "t", lsn=10), w.upsert("rhs", {"id": 2, "value": "two again"}, 11)])
     pipeline.run()
-    assert silver_rows(pipeline) == {("a", 1, 0, None), ("b", 2, 0, "two again")}
-    w.write("rhs", [w.upsert("rhs", {"id": 1, "value": "late, before the truncate"}, 5)])
+    assert silver_rows(pipeline) == {("a", 1, 0, None), ("b", 2, 0, "two again"), ("c", 3, 0, None)}
+    # Late events from before the truncate: of a key the truncate removed, and of a key the
+    # state never had (its row existed before the truncate too, so it was truncated as well).
+    w.write(
+        "rhs",
+        [
+            w.upsert("rhs", {"id": 1, "value": "late, before the truncate"}, 5),
+            w.upsert("rhs", {"id": 3, "value": "late, never seen"}, 6),
+        ],
+    )
     pipeline.run()
-    assert silver_rows(pipeline) == {("a", 1, 0, None), ("b", 2, 0, "two again")}
+    assert silver_rows(pipeline) == {("a", 1, 0, None), ("b", 2, 0, "two again"), ("c", 3, 0, None)}
     assert pipeline.verify().ok
 
 

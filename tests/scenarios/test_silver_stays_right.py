@@ -234,6 +234,7 @@ def test_a_truncate_is_applied_once_not_again_by_every_later_batch(tmp_path, spa
     assert silver_rows(pipeline) == {("a", 1, 0, None), ("b", 2, 1, None), ("c", 1, 2, None)}
     w.write("rhs", [w.upsert("rhs", {"id": 1, "value": "back"}, 41)])
     report = pipeline.run()
+    assert report.steps["state:rhs"]["truncate_applied"] == 0
     assert report.steps["state:rhs"]["truncated"] == 0
     assert report.steps["state:rhs"]["keys_changed"] == 1
     assert silver_rows(pipeline) == {("a", 1, 0, "back"), ("b", 2, 1, None), ("c", 1, 2, "back")}
@@ -323,4 +324,27 @@ def test_a_killed_run_leaves_rows_of_its_run_id_that_the_rerun_treats_as_changed
     w.write("rhs", [w.upsert("rhs", {"id": 2, "value": "r2*"}, 52)])
     pipeline.run()
     assert silver_rows(pipeline) == {("a", 1, 6, "r1"), ("b", 2, 1, "r2*"), ("c", 1, 2, "r1")}
+    assert pipeline.verify().ok
+
+
+@pytest.mark.parametrize("join_type", ["left", "inner"])
+def test_a_deleted_right_row_stays_deleted_in_runs_and_full_refreshes(tmp_path, spark, storage, join_type):
+    """A right delete is a tombstone newer than the row it deletes: every reader of the right
+    state (the lookup of right rows, the recompute, verify) must see the key as gone."""
+    pipeline, w = _joined(tmp_path, spark, storage, join_type)
+    pipeline.run()
+    w.write("rhs", [w.delete("rhs", {"id": 1, "value": "r1"}, 20)])
+    pipeline.run()
+    gone = {("a", 1, 0, None), ("b", 2, 1, "r2"), ("c", 1, 2, None)}
+    want = gone if join_type == "left" else {("b", 2, 1, "r2")}
+    assert silver_rows(pipeline) == want
+    w.write("lhs", [w.upsert("lhs", {"id": "a", "fk": 1, "v": 5}, 21)])  # a left change reads rhs 1 again
+    pipeline.run()
+    assert silver_rows(pipeline) == {(k, fk, 5 if k == "a" else v, r) for k, fk, v, r in want}
+    w.write("lhs", [w.upsert("lhs", {"id": "c", "fk": 1, "v": 6}, 22)])
+    pipeline.run(plan="recompute")  # the whole join from the merge-on-read state tables
+    want = {(k, fk, {"a": 5, "c": 6}.get(k, v), r) for k, fk, v, r in want}
+    assert silver_rows(pipeline) == want
+    pipeline.full_refresh()
+    assert silver_rows(pipeline) == want
     assert pipeline.verify().ok
