@@ -44,6 +44,12 @@ def _global_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
         help="root folder or URI of the pipeline's tables, instead of the config's 'lake'",
     )
     parser.add_argument(
+        "--tables",
+        default=value(None),
+        metavar="CATALOG.SCHEMA",
+        help="address every table by name in this schema, instead of the config's 'tables' (delta-spark)",
+    )
+    parser.add_argument(
         "--json",
         action="store_true",
         default=value(False),
@@ -172,12 +178,14 @@ def _first_line(e: BaseException) -> str:
 
 def open_pipeline(args: argparse.Namespace, progress: Callable[[str], None] | None = None):  # type: ignore[no-untyped-def]
     """The pipeline of parsed arguments; config and storage choice are checked before Spark starts."""
-    from cdc_join.config import load_config
+    from cdc_join.config import load_config, parse_tables
     from cdc_join.storage.select import requested_backend
 
     config = load_config(args.config)
     if args.lake:
         config = dataclasses.replace(config, lake=args.lake.rstrip("/"))
+    if args.tables:
+        config = dataclasses.replace(config, tables=parse_tables(args.tables))
     try:
         requested_backend(args.storage)
     except CdcJoinError as e:

@@ -277,7 +277,7 @@ def parse_config(
         raise ConfigError("the config must be a mapping of keys to values")
     _no_unknown(raw, _TOP_KEYS, "")
     name = _name(_required(raw, "name", ""), "name")
-    tables = _tables(raw.get("tables"))
+    tables = parse_tables(raw.get("tables"))
     if tables is None and raw.get("lake") is None:
         raise ConfigError("is required (or 'tables: catalog.schema' to address tables by name)", key="lake")
     lake = _resolve(_string(raw["lake"], "lake"), base) if raw.get("lake") is not None else ""
@@ -310,7 +310,8 @@ def parse_config(
     )
 
 
-def _tables(value: Any) -> str | None:
+def parse_tables(value: Any) -> str | None:
+    """A ``tables:`` value (``catalog.schema`` or ``schema``), checked; ``None`` when absent."""
     if value is None:
         return None
     text = _string(value, "tables")

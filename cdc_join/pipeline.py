@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from pyspark.sql import SparkSession
 
 from cdc_join import bronze, cost, lookup, resolve, runlog, silver, state, subscription, verify
-from cdc_join.changeset import ChangeSet, collect
+from cdc_join.changeset import ChangeSet
 from cdc_join.config import PipelineConfig
 from cdc_join.ingest import ingest_all
 from cdc_join.report import RunReport, SparkJobs
@@ -95,6 +95,7 @@ class Pipeline:
         if ready is None:
             return dataclasses.replace(previous, run_id=run_id)
         versions = ready.bronze_versions
+        resolve.select_schema(store, cfg)  # a bad select fails here, before any state or silver write
         first_run = cfg.left not in previous.state_versions
         if plan == REFRESH or (
             first_run and plan != "incremental" and cost.rebuild_first(store, cfg, versions)
@@ -103,7 +104,7 @@ class Pipeline:
             reason = "full refresh" if plan == REFRESH else f"first run of {cost.RECOMPUTE_MIN_ROWS}+ rows"
             report.steps["plan"] = {"decision": "recompute", "reason": f"{reason}: state rebuilt from bronze"}
             self._recompute(pinned, report, begin)
-            return Checkpoint(run_id, versions, pinned, watermarks)
+            return Checkpoint(run_id, versions, pinned, watermarks, silver.definition(cfg))
         with report.step("plan") as counts:
             changes = {
                 name: state.plan(
@@ -117,6 +118,9 @@ class Pipeline:
                 for name in cfg.sources
             }
             decision = cost.decide(store, cfg, {n: c.keys.rows for n, c in changes.items()}, plan, first_run)
+            redefined = silver.redefined(previous.silver, cfg)
+            if redefined and not first_run:
+                decision = dataclasses.replace(decision, recompute=True, reason=f"{redefined}: every row")
             counts.update(decision.as_report())
         subscribers = {}
         if not decision.recompute:
@@ -130,9 +134,8 @@ class Pipeline:
             self._recompute(pinned, report, begin)
         else:
             self._incremental(applied[cfg.left].changes, left_current, subscribers, pinned, report, begin)
-        return Checkpoint(
-            run_id, versions, pinned, {n: a.watermark for n, a in applied.items() if a.watermark}
-        )
+        watermarks = {n: a.watermark for n, a in applied.items() if a.watermark}
+        return Checkpoint(run_id, versions, pinned, watermarks, silver.definition(cfg))
 
     def _incremental(
         self,
@@ -177,10 +180,5 @@ class Pipeline:
             rows = resolve.recompute(store, cfg, pinned, run_id)
             counts["affected_keys"] = "all"
         with report.step("silver") as counts:
-            expected = silver.prepare(store, cfg, rows, begin.silver_version)
-            changes = silver.differences(store, cfg, rows)
-            if collect(changes).num_rows:
-                counts.update(silver.merge(store, cfg, changes, expected_version=expected).as_counts())
-            else:
-                counts.update(silver.NOTHING)
+            counts.update(silver.write_all(store, cfg, rows, begin.silver_version))
         report.steps["cleanup"] = {"stale_subscriptions_removed": "none left: subscriptions were rebuilt"}

@@ -31,6 +31,7 @@ from pyspark.sql.types import BooleanType, StructField, StructType
 from cdc_join import lookup, state, subscription
 from cdc_join.changeset import ChangeSet, materialize
 from cdc_join.config import JoinConfig, JoinType, PipelineConfig
+from cdc_join.errors import ConfigError
 from cdc_join.lookup import RIGHT, RIGHT_SEQ
 from cdc_join.schemas import quote
 from cdc_join.state import value_fields
@@ -155,7 +156,7 @@ def incremental(
         j.alias: subscription.instructions(left_changed, left, j) for j in config.joins if left_changed.rows
     }
     checked = {
-        alias: check(found, left_current, changed.table, config, _join(config, alias))
+        alias: check(found, left_current, changed.table, config, config.join_for_alias(alias))
         for alias, found in subscribers.items()
         if found.rows
     }
@@ -171,10 +172,6 @@ def incremental(
     )
     right = {j.alias: _right_rows_named(storage, config, j, in_scope, pinned) for j in config.joins}
     return Resolved(instructions, checked, materialize(build_rows(config, in_scope.frame, right, run_id)))
-
-
-def _join(config: PipelineConfig, alias: str) -> JoinConfig:
-    return next(j for j in config.joins if j.alias == alias)
 
 
 def _rows_of_keys(rows: ChangeSet, keys: ChangeSet, columns: list[str]) -> ChangeSet:
@@ -263,6 +260,40 @@ def _output(config: PipelineConfig, rows: DataFrame, run_id: int) -> DataFrame:
         F.lit(run_id).cast("long").alias(RUN_ID),
         action.alias(ACTION),
     )
+
+
+def select_schema(storage: Storage, config: PipelineConfig) -> StructType:
+    """The silver columns ``select`` gives over the sources' current row types; every expression
+    is checked against them before a run writes anything.
+
+    Spark analyses each expression over an empty frame with one struct column per source alias
+    (no job runs). An expression naming a column a source does not have, or failing to analyse,
+    is a :class:`~cdc_join.errors.ConfigError` naming the config file, the ``select`` key and
+    Spark's reason.
+    """
+    aliases = [(config.left, config.left), *((j.alias, j.right) for j in config.joins)]
+    rows = StructType(
+        [
+            StructField(alias, storage.schema(config.bronze_path(source))["_after"].dataType)
+            for alias, source in aliases
+        ]
+    )
+    empty = storage.spark.createDataFrame([], rows)
+    fields = []
+    for name, expression in config.select:
+        try:
+            fields.append(empty.select(F.expr(expression).alias(name)).schema[name])
+        except Exception as e:  # AnalysisException, ParseException; their first line says why
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            known = "; ".join(
+                f"{alias}: {', '.join(f.name for f in rows[alias].dataType.fields)}" for alias, _ in aliases
+            )
+            raise ConfigError(
+                f"{expression!r} cannot be computed from the sources' columns ({known}): {reason}",
+                key=f"select.{name}",
+                path=config.config_path,
+            ) from None
+    return StructType(fields)
 
 
 def recompute(storage: Storage, config: PipelineConfig, pinned: Mapping[str, int], run_id: int) -> DataFrame:

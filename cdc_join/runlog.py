@@ -55,6 +55,8 @@ class Checkpoint:
     bronze_versions: Mapping[str, int] = field(default_factory=dict)
     state_versions: Mapping[str, int] = field(default_factory=dict)
     watermarks: Mapping[str, str] = field(default_factory=dict)
+    silver: Mapping[str, Any] | None = None
+    """What defined silver's rows (left, joins, select, output) when they were written."""
 
     def to_json(self) -> str:
         return json.dumps(
@@ -63,6 +65,7 @@ class Checkpoint:
                 "bronze_versions": dict(self.bronze_versions),
                 "state_versions": dict(self.state_versions),
                 "watermarks": dict(self.watermarks),
+                "silver": None if self.silver is None else dict(self.silver),
             },
             sort_keys=True,
         )
@@ -75,6 +78,7 @@ class Checkpoint:
             bronze_versions={k: int(v) for k, v in raw.get("bronze_versions", {}).items()},
             state_versions={k: int(v) for k, v in raw.get("state_versions", {}).items()},
             watermarks=dict(raw.get("watermarks", {})),
+            silver=raw.get("silver"),
         )
 
 

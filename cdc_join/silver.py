@@ -8,21 +8,30 @@ crash does. Change Data Feed is on, so downstream jobs can read silver increment
 
 A run MERGEs with the silver version it saw at its start as the expected version: if another
 run wrote silver in between, the MERGE fails instead of overwriting newer rows with older ones.
+
+What defines silver's rows (the left source, the joins, ``select`` and ``output``) is kept in
+each run's checkpoint (:func:`definition`). When it changes between runs, the next run
+recomputes every row (:func:`redefined` gives the reason): added columns are added and filled;
+a dropped or retyped column makes that recompute replace silver's rows and schema in one
+commit. Either way silver stays the same Delta table, with its history and change feed.
 """
 
 from __future__ import annotations
 
 import functools
 import operator
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import DataType, MapType
+from pyspark.sql.types import DataType, MapType, StructType
 
+from cdc_join.changeset import collect
 from cdc_join.config import PipelineConfig
 from cdc_join.errors import ConcurrentRunError
-from cdc_join.schemas import quote
+from cdc_join.schemas import quote, widens_to
 from cdc_join.storage import MergeSpec, Storage
 from cdc_join.tables import ACTION, output_columns, silver_key_columns, table_properties
 
@@ -71,6 +80,68 @@ def prepare(storage: Storage, config: PipelineConfig, rows: DataFrame, expected_
         raise ConcurrentRunError(f"silver {path} moved past version {expected_version}: another run wrote it")
     storage.evolve(path, schema)
     return storage.version(path)
+
+
+def definition(config: PipelineConfig) -> dict[str, Any]:
+    """What defines silver's rows, as kept in the checkpoint."""
+    return {
+        "left": config.left,
+        "joins": [[j.right, j.alias, list(j.foreign_key), j.type.value] for j in config.joins],
+        "select": [[name, expression] for name, expression in config.select],
+        "output": config.output,
+    }
+
+
+def redefined(previous: Mapping[str, Any] | None, config: PipelineConfig) -> str | None:
+    """Why silver must be recomputed because its definition changed since the last run, or
+    ``None`` (also when the last run did not record one)."""
+    if previous is None:
+        return None
+    now = definition(config)
+    if previous == now:
+        return None
+    before, after = dict(map(tuple, previous.get("select", []))), dict(map(tuple, now["select"]))
+    parts = []
+    for word, names in (
+        ("added", [n for n in after if n not in before]),
+        ("dropped", [n for n in before if n not in after]),
+        ("changed", [n for n in after if n in before and before[n] != after[n]]),
+    ):
+        if names:
+            parts.append(f"{word} {', '.join(names)}")
+    parts += [f"{key} changed" for key in ("left", "joins", "output") if previous.get(key) != now[key]]
+    return f"silver's definition changed since the last run ({'; '.join(parts) or 'select order'})"
+
+
+def write_all(
+    storage: Storage, config: PipelineConfig, rows: DataFrame, expected_version: int | None
+) -> dict[str, Any]:
+    """Make silver equal ``rows``, the *whole* join: MERGE only its differences, or, when a
+    column was dropped or changed type in a way silver cannot widen to, replace every row and
+    the schema in one overwrite commit. Returns the run report's counts."""
+    path = config.silver_path
+    if expected_version is not None and _reshaped(storage.schema(path), rows.drop(ACTION).schema):
+        if storage.version(path) != expected_version:
+            raise ConcurrentRunError(
+                f"silver {path} moved past version {expected_version}: another run wrote it"
+            )
+        upserts = rows.filter(F.col(ACTION) == "upsert").drop(ACTION)
+        written = storage.overwrite(path, upserts, expected_version=expected_version, replace_schema=True)
+        return {**NOTHING, "inserted": written.rows_inserted, "replaced": "columns dropped or retyped"}
+    expected = prepare(storage, config, rows, expected_version)
+    changes = differences(storage, config, rows)
+    if collect(changes).num_rows:
+        return merge(storage, config, changes, expected_version=expected).as_counts()
+    return dict(NOTHING)
+
+
+def _reshaped(current: StructType, wanted: StructType) -> bool:
+    """Whether silver has a column ``wanted`` lacks, or one whose type cannot widen to it."""
+    have = {f.name: f.dataType for f in current.fields}
+    names = {f.name for f in wanted.fields}
+    dropped = any(name not in names for name in have)
+    retyped = any(f.name in have and not widens_to(have[f.name], f.dataType) for f in wanted.fields)
+    return dropped or retyped
 
 
 def merge(

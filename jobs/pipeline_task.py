@@ -1,14 +1,14 @@
 """Entry point of the bundle's pipeline tasks (Databricks ``spark_python_task``); runs locally too.
 
-    python jobs/pipeline_task.py [--lake URI] [--storage B] run CONFIG [--no-ingest] [--plan P]
-    python jobs/pipeline_task.py [--lake URI] [--storage B] check CONFIG [--run-id N]
-    python jobs/pipeline_task.py [--lake URI] [--storage B] full-refresh CONFIG
-    python jobs/pipeline_task.py [--lake URI] [--storage B] verify CONFIG [--repair]
-    python jobs/pipeline_task.py [--lake URI] [--storage B] optimize CONFIG [--force]
+    python jobs/pipeline_task.py [--tables C.S | --lake URI] [--storage B] run CONFIG [--no-ingest] [--plan P]
+    python jobs/pipeline_task.py [--tables C.S | --lake URI] [--storage B] check CONFIG [--run-id N]
+    python jobs/pipeline_task.py [--tables C.S | --lake URI] [--storage B] full-refresh CONFIG
+    python jobs/pipeline_task.py [--tables C.S | --lake URI] [--storage B] verify CONFIG [--repair]
+    python jobs/pipeline_task.py [--tables C.S | --lake URI] [--storage B] optimize CONFIG [--force]
 
 It is ``cdc-join`` (same commands, options and exit codes, see ``cdc-join --help``): the task
-parameters are the CLI's arguments. ``--lake`` replaces the config's ``lake``, so one pipeline
-YAML serves every bundle target.
+parameters are the CLI's arguments. ``--tables`` (the bundle's ``catalog.schema``) or ``--lake``
+replaces the config's, so one pipeline YAML serves every bundle target.
 """
 
 from __future__ import annotations

@@ -26,3 +26,15 @@ def storage(spark):
     from cdc_join.storage import get_storage
 
     return get_storage(spark, os.environ.get("CDC_JOIN_TEST_STORAGE", "delta-rs"))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A skip raised while setting up a fixture (e.g. the delta-spark backend without its jars)
+    is reported once per file and reason, not once per test: its line number is dropped, which
+    is how pytest folds skips in the ``-ra`` summary."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "setup" and report.skipped and isinstance(report.longrepr, tuple):
+        path, _, reason = report.longrepr
+        report.longrepr = (path, None, reason)

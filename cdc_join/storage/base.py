@@ -151,7 +151,9 @@ class Storage(Protocol):
         self, path: str, df: DataFrame, *, merge_schema: bool = False, expected_version: int | None = None
     ) -> WriteMetrics: ...
 
-    def overwrite(self, path: str, df: DataFrame, *, expected_version: int | None = None) -> WriteMetrics: ...
+    def overwrite(
+        self, path: str, df: DataFrame, *, expected_version: int | None = None, replace_schema: bool = False
+    ) -> WriteMetrics: ...
 
     def merge(
         self, path: str, source: DataFrame, spec: MergeSpec, *, expected_version: int | None = None

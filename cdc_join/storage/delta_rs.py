@@ -666,9 +666,14 @@ class DeltaRsStorage:
             path, df, "append", expected_version, schema_mode="merge" if merge_schema else None
         )
 
-    def overwrite(self, path: str, df: DataFrame, *, expected_version: int | None = None) -> WriteMetrics:
-        """Replace every row of the table with ``df`` (same schema)."""
-        return self._write(path, df, "overwrite", expected_version)
+    def overwrite(
+        self, path: str, df: DataFrame, *, expected_version: int | None = None, replace_schema: bool = False
+    ) -> WriteMetrics:
+        """Replace every row of the table with ``df``: same schema, or ``df``'s with ``replace_schema``
+        (one commit; the table's history and properties stay)."""
+        return self._write(
+            path, df, "overwrite", expected_version, schema_mode="overwrite" if replace_schema else None
+        )
 
     def _write(
         self,
@@ -676,7 +681,7 @@ class DeltaRsStorage:
         df: DataFrame,
         mode: Literal["append", "overwrite"],
         expected_version: int | None,
-        schema_mode: Literal["merge"] | None = None,
+        schema_mode: Literal["merge", "overwrite"] | None = None,
     ) -> WriteMetrics:
         dt = self._load_for_write(path, expected_version)
         before_version, before = dt.version(), self._file_records(dt, path)

@@ -533,12 +533,18 @@ class DeltaSparkStorage:
             self._save(writer, path)
         return self._metrics_after(path, before, {"rows_inserted": "numOutputRows"})
 
-    def overwrite(self, path: str, df: DataFrame, *, expected_version: int | None = None) -> WriteMetrics:
-        """Replace every row of the table with ``df`` (same schema)."""
+    def overwrite(
+        self, path: str, df: DataFrame, *, expected_version: int | None = None, replace_schema: bool = False
+    ) -> WriteMetrics:
+        """Replace every row of the table with ``df``: same schema, or ``df``'s with ``replace_schema``
+        (Delta's ``overwriteSchema``; one commit, history and properties stay)."""
         self._check_version(path, expected_version)
         before = self._file_set(path)
+        writer = df.write.format("delta").mode("overwrite")
+        if replace_schema:
+            writer = writer.option("overwriteSchema", "true")
         with _spark_errors("overwrite", path):
-            self._save(df.write.format("delta").mode("overwrite"), path)
+            self._save(writer, path)
         return self._metrics_after(
             path, before, {"rows_inserted": "numOutputRows", "rows_deleted": "numDeletedRows"}
         )

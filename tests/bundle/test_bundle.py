@@ -94,7 +94,7 @@ def test_bundle_declares_the_wheel_variables_and_targets(bundle):
     artifact = bundle["artifacts"]["cdc_join_wheel"]
     assert artifact["type"] == "whl"
     assert (ROOT / artifact["path"] / "pyproject.toml").is_file()
-    assert {"catalog", "schema", "lake", "config_path"} <= set(bundle["variables"])
+    assert {"catalog", "schema", "config_path"} <= set(bundle["variables"])
     assert bundle["targets"]["dev"]["mode"] == "development"
     assert bundle["targets"]["dev"]["default"] is True
     assert bundle["targets"]["prod"]["mode"] == "production"
@@ -165,7 +165,7 @@ def test_pipeline_tasks_are_cdc_join_commands_on_the_configured_pipeline(jobs, b
         )
         seen[(name, task["task_key"])] = args.command
         assert args.config == _resolve("${var.config_path}", variables)
-        assert args.lake == variables["lake"]
+        assert args.tables == f"{variables['catalog']}.{variables['schema']}"
     assert seen == expected
 
 
@@ -205,6 +205,31 @@ def test_integration_test_job_runs_the_contract_suite_on_delta_spark(jobs, bundl
     assert cluster["new_cluster"]["num_workers"] == 0  # tests write to the driver's local disk
     packages = {lib["pypi"]["package"].split(">")[0] for lib in task["libraries"] if "pypi" in lib}
     assert {"pytest", "hypothesis"} <= packages
+
+
+def test_every_job_loads_into_databricks_typed_bundle_models(jobs):
+    """Databricks' own bundle models reject unknown fields and wrong shapes."""
+    models = pytest.importorskip("databricks.bundles.jobs", reason="databricks-bundles is not installed")
+    for name, (_, job) in jobs.items():
+        loaded = models.Job.from_dict(job)
+        assert [t.task_key for t in loaded.tasks] == [t["task_key"] for t in job["tasks"]], name
+    broken = {**jobs["cdc_join_incremental"][1], "max_concurent_runs": 1}
+    with pytest.raises(ValueError, match="max_concurent_runs"):
+        models.Job.from_dict(broken)
+
+
+def test_the_shipped_pipeline_is_the_one_the_jobs_run_and_it_loads(bundle):
+    from cdc_join.config import load_config
+
+    shipped = _resolve("${var.config_path}", _variables(bundle)).replace(FILE_PATH, str(ROOT))
+    config = load_config(shipped, check_paths=False)  # its landing folders are in the workspace
+    assert config.tables == "main.cdc_join"
+    assert {config.left, *config.sources} == {"orders", "customers", "products"}
+    task = _entry_point(ROOT / "jobs" / "pipeline_task.py")
+    args = task.build_parser().parse_args(
+        ["--tables", "dev.cdc_join_dev", "--storage", "delta-rs", "run", shipped]
+    )
+    assert args.tables == "dev.cdc_join_dev"
 
 
 # -- the wheel and the entry points ----------------------------------------------------------------

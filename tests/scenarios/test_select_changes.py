@@ -1,0 +1,89 @@
+"""Changing ``select`` (or a join) between runs, and select lists that name what isn't there."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from cdc_join import cli
+from cdc_join.config import load_config
+from cdc_join.errors import ConfigError
+from cdc_join.pipeline import Pipeline
+from tests.support import make_pipeline, silver_rows
+
+
+def _started(tmp_path, spark, storage):
+    pipeline, w = make_pipeline(tmp_path, spark, storage, join_type="left")
+    w.write("rhs", [w.upsert("rhs", {"id": i, "value": f"r{i}"}, i) for i in (1, 2)])
+    w.write("lhs", [w.upsert("lhs", {"id": k, "fk": 1 + n % 2, "v": n}, 10 + n) for n, k in enumerate("abc")])
+    pipeline.run()
+    return pipeline, w
+
+
+def _with_select(pipeline: Pipeline, select: dict[str, str]) -> Pipeline:
+    path = pipeline.config.config_path
+    spec = yaml.safe_load(path.read_text())
+    spec["select"] = select
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return Pipeline(load_config(path), pipeline.spark, pipeline.storage)
+
+
+def test_a_select_naming_a_missing_column_fails_before_anything_is_written(tmp_path, spark, storage, capsys):
+    pipeline, w = _started(tmp_path, spark, storage)
+    cfg = pipeline.config
+    bad = _with_select(pipeline, {"key": "lhs.id", "value": "rhs.phone"})
+    w.write("lhs", [w.upsert("lhs", {"id": "d", "fk": 1, "v": 9}, 30)])
+    versions = {p: storage.version(p) for p in (cfg.silver_path, cfg.state_path("lhs"), cfg.runs_path)}
+    with pytest.raises(ConfigError, match=r"select\.value: 'rhs.phone' cannot be computed") as info:
+        bad.run()
+    assert "rhs: id, value" in str(info.value)  # the columns the source does have
+    assert {p: storage.version(p) for p in versions} == versions
+    assert cli.main(["--storage", "delta-rs", "-q", "run", str(cfg.config_path)]) == 2
+    err = capsys.readouterr().err
+    assert "pipeline.yml: select.value" in err and "Traceback" not in err
+
+
+def test_an_added_column_is_filled_for_every_row_with_silver_history_kept(tmp_path, spark, storage):
+    pipeline, _ = _started(tmp_path, spark, storage)
+    before = storage.version(pipeline.config.silver_path)
+    wider = _with_select(
+        pipeline,
+        {"key": "lhs.id", "fk": "lhs.fk", "v": "lhs.v", "value": "rhs.value", "up": "upper(rhs.value)"},
+    )
+    report = wider.run()  # no new events: the definition alone calls for the recompute
+    assert report.steps["plan"]["decision"] == "recompute"
+    assert "added up" in report.steps["plan"]["reason"]
+    assert silver_rows(wider, ["key", "value", "up"]) == {
+        ("a", "r1", "R1"),
+        ("b", "r2", "R2"),
+        ("c", "r1", "R1"),
+    }
+    assert storage.version(wider.config.silver_path) > before  # the same table, one more commit
+    assert wider.verify().ok
+    assert wider.run().steps["plan"]["decision"] == "incremental"  # once applied, runs go on as usual
+
+
+def test_a_dropped_or_retyped_column_replaces_silver_s_schema_in_one_commit(tmp_path, spark, storage):
+    pipeline, w = _started(tmp_path, spark, storage)
+    path = pipeline.config.silver_path
+    before = storage.version(path)
+    changed = _with_select(pipeline, {"key": "lhs.id", "v": "concat('#', lhs.v)", "value": "rhs.value"})
+    report = changed.run()
+    assert "dropped fk" in report.steps["plan"]["reason"] and "changed v" in report.steps["plan"]["reason"]
+    assert report.steps["silver"]["replaced"]
+    columns = {f.name: f.dataType.simpleString() for f in storage.schema(path).fields}
+    assert "fk" not in columns and columns["v"] == "string"
+    assert silver_rows(changed, ["key", "v", "value"]) == {
+        ("a", "#0", "r1"),
+        ("b", "#1", "r2"),
+        ("c", "#2", "r1"),
+    }
+    assert storage.version(path) == before + 1
+    w.write("rhs", [w.upsert("rhs", {"id": 1, "value": "r1*"}, 40)])
+    changed.run()
+    assert silver_rows(changed, ["key", "v", "value"]) == {
+        ("a", "#0", "r1*"),
+        ("b", "#1", "r2"),
+        ("c", "#2", "r1*"),
+    }
+    assert changed.verify().ok
