@@ -1,8 +1,15 @@
 """Landing files → bronze, exactly once per file.
 
-A run lists a source's landing folder (``*.json``, ``*.jsonl``; names starting with ``_`` or
-``.`` are files still being written), drops the files the ingest log already names, reads the
-rest with Spark's text reader and parses them with :func:`cdc_join.debezium.parse_events`.
+A run lists a source's landing folder and its subfolders (``*.json``, ``*.jsonl``, gzipped as
+``*.json.gz``, ``*.jsonl.gz``; a name starting with ``_``, ``.`` or ``+``, file or folder, is
+still being written, e.g. Kafka Connect's ``+tmp``), drops the files the ingest log already
+names, reads the rest with Spark's text reader and parses them with
+:func:`cdc_join.debezium.parse_events`.
+
+Landing files are immutable: a file the log names whose size changed since (a line appended,
+or another file landed under its name) stops the run with an error naming it, since its new
+content could be read neither exactly once nor silently skipped. A file holding one JSON array
+instead of JSON lines is quarantined with one reason for the whole file.
 
 Exactly once, even when a run is killed between any two steps, comes from the order of the
 writes and from making each write idempotent:
@@ -17,8 +24,9 @@ and the two MERGEs insert only the lines the killed run did not write.
 Tables: bronze at ``config.bronze_path(source)`` (the event columns of
 :data:`cdc_join.debezium.EVENT_COLUMNS` plus ``_ingested_at``), one quarantine table for all
 sources at ``config.quarantine_path``, the ingest log at ``config.ingest_log_path``. All are
-created with Change Data Feed on. ``_file`` is the file's name inside its landing folder, so
-moving or re-mounting the folder does not make its files new.
+created with Change Data Feed on. ``_file`` is the file's path inside its landing folder (e.g.
+``topics/orders/partition=0/orders+0+0000000000.json``), so moving or re-mounting the folder does
+not make its files new.
 """
 
 from __future__ import annotations
@@ -73,7 +81,8 @@ _BRONZE_MERGE = MergeSpec(on="t._file = s._file AND t._line = s._line", update=F
 _QUARANTINE_MERGE = MergeSpec(
     on="t.source = s.source AND t._file = s._file AND t._line = s._line", update=False, merge_schema=True
 )
-_LANDING_SUFFIXES = (".json", ".jsonl")
+_LANDING_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
+_IN_PROGRESS = ("_", ".", "+")  # first characters of files and folders still being written
 _GLOB_SPECIAL = re.compile(r"([\\\[\]{}*?])")
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 
@@ -119,7 +128,7 @@ def ingest_all(
     """Ingest every source that has a landing folder; see :func:`ingest_source`."""
     done = _ingested_by_source(storage, config)  # one read of the log for all sources
     return {
-        name: ingest_source(spark, storage, config, name, after_step=after_step, done=done.get(name, set()))
+        name: ingest_source(spark, storage, config, name, after_step=after_step, done=done.get(name, {}))
         for name, source in config.sources.items()
         if source.landing is not None
     }
@@ -132,7 +141,7 @@ def ingest_source(
     source_name: str,
     *,
     after_step: StepHook | None = None,
-    done: set[str] | None = None,
+    done: Mapping[str, int | None] | None = None,
 ) -> IngestReport:
     """Ingest the landing files of one source that the ingest log does not name yet.
 
@@ -143,14 +152,15 @@ def ingest_source(
         source_name: a source with a ``landing`` folder.
         after_step: called with each name of :data:`STEPS` after that write; an exception it
             raises stops the ingest there (tests use it to simulate a crash).
-        done: the names the ingest log records for this source, when the caller has read it.
+        done: the names the ingest log records for this source, with their sizes then, when the
+            caller has read it.
 
     Returns:
         Counts of this run (all zero when there was nothing new).
 
     Raises:
-        InputError: the source has no landing folder, or its lines cannot be ingested as a
-            whole (see :func:`cdc_join.debezium.parse_events`).
+        InputError: the source has no landing folder, a file it already ingested has changed,
+            or its lines cannot be ingested as a whole (see :func:`cdc_join.debezium.parse_events`).
     """
     started = time.monotonic()
     source = config.sources[source_name]
@@ -158,7 +168,9 @@ def ingest_source(
         raise InputError(f"source {source_name!r} has no landing folder to ingest")
     if done is None:
         done = ingested_files(storage, config, source_name)
-    pending = [f for f in list_landing(spark, source.landing) if f.name not in done]
+    listed = list_landing(spark, source.landing)
+    _fail_on_changed_files(source_name, listed, done)
+    pending = [f for f in listed if f.name not in done]
     counts = _ingest_files(spark, storage, config, source_name, pending, after_step) if pending else {}
     total = _FileCounts(*(sum(column) for column in zip(*(astuple(c) for c in counts.values()), strict=True)))
     return IngestReport(
@@ -169,6 +181,21 @@ def ingest_source(
         tombstones=total.tombstones,
         quarantined=total.quarantined,
         seconds=time.monotonic() - started,
+    )
+
+
+def _fail_on_changed_files(
+    source_name: str, listed: Sequence[LandedFile], done: Mapping[str, int | None]
+) -> None:
+    changed = [f for f in listed if f.name in done and done[f.name] is not None and done[f.name] != f.size]
+    if not changed:
+        return
+    shown = ", ".join(f"{f.name} ({done[f.name]} → {f.size} bytes)" for f in changed[:5])
+    more = f" and {len(changed) - 5} more" if len(changed) > 5 else ""
+    raise InputError(
+        f"source {source_name!r}: landing file(s) changed after they were ingested: {shown}{more}. "
+        "Landing files must not change once written: land new events in new files. To take a "
+        "changed file in again, land its content under a new name."
     )
 
 
@@ -214,7 +241,7 @@ class _Outcome:
         )
         lines = materialize(parsed.classified.selectExpr(*columns))
         stamp = pa.array([ingested_at] * lines.rows, pa.timestamp("us", tz="UTC"))
-        table = lines.table.append_column("_ingested_at", stamp)
+        table = _json_arrays_as_one_line(lines.table.append_column("_ingested_at", stamp))
         kind = table.column("__kind")
         event_schema = StructType(
             [*parsed.events.schema.fields, StructField("_ingested_at", TimestampType())]
@@ -239,6 +266,35 @@ class _Outcome:
             row_schema=parsed.row_schema,
             ingested_at=ingested_at,
         )
+
+
+JSON_ARRAY_REASON = (
+    "the file holds a JSON array, not JSON lines: nothing in it was ingested. Land its events "
+    "one JSON object per line, in a new file"
+)
+
+
+def _json_arrays_as_one_line(table: pa.Table) -> pa.Table:
+    """Lines of files whose first line opens a JSON array, replaced by one quarantined line
+    per file saying so (an array's lines are not events, whatever some of them parse to)."""
+    first = table.filter(pc.equal(table.column("_line"), 1))
+    opens = pc.starts_with(pc.utf8_ltrim_whitespace(pc.fill_null(first.column("_raw"), "")), "[")
+    arrays = first.filter(opens)
+    if not arrays.num_rows:
+        return table
+    kept = table.filter(pc.invert(pc.is_in(table.column("_file"), value_set=arrays.column("_file"))))
+    n = arrays.num_rows
+    replaced = arrays.set_column(
+        arrays.schema.get_field_index("__kind"), "__kind", pa.array(["quarantine"] * n, pa.string())
+    ).set_column(arrays.schema.get_field_index("reason"), "reason", pa.array([JSON_ARRAY_REASON] * n))
+    nulls = {
+        c: pa.nulls(n, replaced.schema.field(c).type)
+        for c in ("_op", "_seq", "_seq_values", "_ts_ms", "_before", "_after")
+    }
+    for column, values in nulls.items():
+        replaced = replaced.set_column(replaced.schema.get_field_index(column), column, values)
+    schema = pa.schema([f.with_nullable(True) for f in kept.schema])
+    return pa.concat_tables([kept.cast(schema), replaced.cast(schema)])
 
 
 #: Bronze event columns and the classified columns they come from.
@@ -335,20 +391,21 @@ def _counts_by_file(lines: pa.Table) -> dict[str, _FileCounts]:
     }
 
 
-def _ingested_by_source(storage: Storage, config: PipelineConfig) -> dict[str, set[str]]:
-    """Per source, the names of the landing files the ingest log records as done."""
+def _ingested_by_source(storage: Storage, config: PipelineConfig) -> dict[str, dict[str, int | None]]:
+    """Per source, the landing files the ingest log records as done, with their sizes then."""
     if not storage.exists(config.ingest_log_path):
         return {}
-    done: dict[str, set[str]] = {}
-    log = storage.read_arrow(config.ingest_log_path, columns=["source", "file"])
-    for source, file in zip(log.column("source").to_pylist(), log.column("file").to_pylist(), strict=True):
-        done.setdefault(source, set()).add(file)
+    done: dict[str, dict[str, int | None]] = {}
+    log = storage.read_arrow(config.ingest_log_path, columns=["source", "file", "size"])
+    columns = (log.column(c).to_pylist() for c in ("source", "file", "size"))
+    for source, file, size in zip(*columns, strict=True):
+        done.setdefault(source, {})[file] = size
     return done
 
 
-def ingested_files(storage: Storage, config: PipelineConfig, source_name: str) -> set[str]:
-    """Names of the landing files of ``source_name`` the ingest log records as done."""
-    return _ingested_by_source(storage, config).get(source_name, set())
+def ingested_files(storage: Storage, config: PipelineConfig, source_name: str) -> dict[str, int | None]:
+    """The landing files of ``source_name`` the ingest log records as done, with their sizes."""
+    return _ingested_by_source(storage, config).get(source_name, {})
 
 
 def _known_row(storage: Storage, bronze_path: str) -> StructType | None:
@@ -363,7 +420,7 @@ def _known_row(storage: Storage, bronze_path: str) -> StructType | None:
 
 
 def list_landing(spark: SparkSession, folder: str) -> list[LandedFile]:
-    """The landing files directly in ``folder``, by name.
+    """The landing files in ``folder`` and its subfolders, by name (their path inside it).
 
     A local folder is listed directly (no Spark job); any other location through Spark (the
     ``binaryFile`` source, content not read), so every file system Spark can read works.
@@ -371,15 +428,32 @@ def list_landing(spark: SparkSession, folder: str) -> list[LandedFile]:
     local = _local_folder(folder)
     if local is not None:
         return _list_local(local)
-    pattern = f"{_glob_escape(folder.rstrip('/'))}/*.{{json,jsonl}}"
     try:
-        found = spark.read.format("binaryFile").load(pattern).select("path", "length").collect()
+        found = (
+            spark.read.format("binaryFile")
+            .option("recursiveFileLookup", "true")
+            .load(_glob_escape(folder.rstrip("/")))
+            .select("path", "length")
+            .collect()
+        )
     except AnalysisException as exc:
         if "PATH_NOT_FOUND" in str(exc.getCondition() or exc):
             return []  # no file has landed yet (or the folder is not there yet)
         raise
-    files = [LandedFile(r["path"].rsplit("/", 1)[-1], r["path"], int(r["length"])) for r in found]
+    key = _folder_key(folder)
+    files = []
+    for r in found:
+        path = str(r["path"])
+        at = path.find(key)
+        name = path[at + len(key) :] if at >= 0 else path.rsplit("/", 1)[-1]
+        files.append(LandedFile(name, path, int(r["length"])))
     return sorted((f for f in files if _is_landing_name(f.name)), key=lambda f: f.name)
+
+
+def _folder_key(folder: str) -> str:
+    """What every path under ``folder`` contains right before the file's name in it: the
+    folder without scheme and leading slashes, with a trailing slash."""
+    return re.sub(r"^[A-Za-z][A-Za-z0-9+.-]*:", "", folder).strip("/") + "/"
 
 
 def _local_folder(folder: str) -> str | None:
@@ -391,21 +465,25 @@ def _local_folder(folder: str) -> str | None:
 
 
 def _list_local(folder: str) -> list[LandedFile]:
-    try:
-        entries = list(os.scandir(folder))
-    except FileNotFoundError:
+    root = os.path.abspath(folder)
+    if not os.path.isdir(root):
         return []  # no file has landed yet (or the folder is not there yet)
-    files = [
-        # The form Spark's own listing gives (``file:`` plus the absolute path, not URI-encoded).
-        LandedFile(e.name, "file:" + os.path.abspath(e.path), e.stat().st_size)
-        for e in entries
-        if e.is_file() and _is_landing_name(e.name)
-    ]
-    return sorted(files, key=lambda f: f.name)
+    files = []
+    for parent, folders, names in os.walk(root):
+        folders[:] = [d for d in folders if not d.startswith(_IN_PROGRESS)]
+        for name in names:
+            path = os.path.join(parent, name)
+            if os.path.isfile(path):
+                relative = os.path.relpath(path, root).replace(os.sep, "/")
+                # The form Spark's own listing gives (``file:`` plus the absolute path, not URI-encoded).
+                files.append(LandedFile(relative, "file:" + path, os.stat(path).st_size))
+    return sorted((f for f in files if _is_landing_name(f.name)), key=lambda f: f.name)
 
 
 def _is_landing_name(name: str) -> bool:
-    return not name.startswith(("_", ".")) and name.endswith(_LANDING_SUFFIXES)
+    return not any(part.startswith(_IN_PROGRESS) for part in name.split("/")) and name.endswith(
+        _LANDING_SUFFIXES
+    )
 
 
 def _glob_escape(path: str) -> str:
@@ -420,16 +498,28 @@ def read_lines(spark: SparkSession, files: Sequence[LandedFile]) -> DataFrame:
     mark are dropped), which gives exact line numbers; the empty string after a final newline
     is not a line.
     """
-    # _metadata.file_name is URL-encoded; '+' stays literal in it, so protect it from decoding.
-    name = "try_url_decode(replace(_metadata.file_name, '+', '%2B'))"
+    # _metadata.file_path is URL-encoded; '+' stays literal in it, so protect it from decoding.
+    # A file's name is its path after its landing folder's (files of several folders may come).
+    path = "try_url_decode(replace(_metadata.file_path, '+', '%2B'))"
+    prefixes = sorted({f.path[: len(f.path) - len(f.name)] for f in files if f.path.endswith(f.name)})
+    keys = [_sql_text(_folder_key(p)) for p in prefixes]
+    cases = " ".join(
+        f"WHEN instr(__path, {k}) > 0 THEN substr(__path, instr(__path, {k}) + length({k}))" for k in keys
+    )
+    name = f"CASE {cases} ELSE regexp_extract(__path, '[^/]*$', 0) END" if cases else "_metadata.file_name"
     pieces = "split(value, '\\n', -1)"
     without_last = f"slice({pieces}, 1, size({pieces}) - 1)"
     kept = f"CASE WHEN element_at({pieces}, -1) = '' THEN {without_last} ELSE {pieces} END"
     text = spark.read.text([_glob_escape(f.path) for f in files], wholetext=True)
+    text = text.selectExpr("value", f"{path} AS __path")
     exploded = text.selectExpr(f"{name} AS _file", f"posexplode({kept}) AS (pos, line)")
     # A byte-order mark would make the first line invalid JSON; a \r is left by CRLF endings.
     value = "regexp_replace(line, '^\\\\x{FEFF}|\\\\r$', '') AS value"
     return exploded.selectExpr("_file", "CAST(pos + 1 AS BIGINT) AS _line", value)
+
+
+def _sql_text(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def quarantined(

@@ -200,3 +200,65 @@ def test_later_files_add_columns_and_never_retype_known_ones(spark, storage, tmp
     assert rows[("002.jsonl", 1)].tier == 3
     reason = storage.read(config.quarantine_path).first().reason
     assert reason == 'column id: expected bigint, got "x"'
+
+
+def test_kafka_connect_sink_layout_and_gzip_files_are_ingested_with_their_paths(spark, storage, tmp_path):
+    import gzip
+
+    config = pipeline(tmp_path)
+    folder = Path(config.sources["customers"].landing or "")
+    topic = folder / "topics" / "inventory.customers"
+    (topic / "partition=0").mkdir(parents=True)
+    (topic / "partition=1").mkdir()
+    (topic / "partition=0" / "inventory.customers+0+0000000000.json").write_text(
+        event("c", {"id": 1}, 1) + "\n" + event("c", {"id": 2}, 2) + "\n"
+    )
+    with gzip.open(topic / "partition=1" / "inventory.customers+1+0000000000.json.gz", "wt") as f:
+        f.write(event("c", {"id": 3}, 3) + "\n")
+    (folder / "+tmp" / "x").mkdir(parents=True)  # a sink's files still being written
+    (folder / "+tmp" / "x" / "part.json").write_text("garbage\n")
+
+    report = ingest_source(spark, storage, config, "customers")
+
+    assert (report.files, report.events, report.quarantined) == (2, 3, 0)
+    prefix = "topics/inventory.customers/"
+    assert bronze_keys(spark, storage, config) == [
+        (prefix + "partition=0/inventory.customers+0+0000000000.json", 1),
+        (prefix + "partition=0/inventory.customers+0+0000000000.json", 2),
+        (prefix + "partition=1/inventory.customers+1+0000000000.json.gz", 1),
+    ]
+    assert ingest_source(spark, storage, config, "customers").files == 0
+
+
+def test_a_file_changed_after_it_was_ingested_stops_the_run_naming_it(spark, storage, tmp_path):
+    from cdc_join.errors import InputError
+
+    config = pipeline(tmp_path)
+    land(config, "001.jsonl", event("c", {"id": 1}, 1) + "\n")
+    ingest_source(spark, storage, config, "customers")
+    path = Path(config.sources["customers"].landing or "") / "001.jsonl"
+    with path.open("a") as f:  # a line appended to a file already ingested
+        f.write(event("c", {"id": 2}, 2) + "\n")
+    with pytest.raises(InputError, match=r"001\.jsonl \(\d+ → \d+ bytes\).*new files"):
+        ingest_source(spark, storage, config, "customers")
+    assert bronze_keys(spark, storage, config) == [("001.jsonl", 1)]
+
+
+def test_a_json_array_file_is_quarantined_once_with_one_reason(spark, storage, tmp_path):
+    from cdc_join.ingest import JSON_ARRAY_REASON
+
+    config = pipeline(tmp_path)
+    events = [json.loads(event("c", {"id": i}, i)) for i in (1, 2)]
+    land(config, "array.json", json.dumps(events, indent=2) + "\n")
+    land(config, "one_line_array.json", json.dumps(events) + "\n")
+    land(config, "ok.jsonl", event("c", {"id": 3}, 3) + "\n")
+
+    report = ingest_source(spark, storage, config, "customers")
+
+    assert (report.events, report.quarantined) == (1, 2)
+    assert bronze_keys(spark, storage, config) == [("ok.jsonl", 1)]
+    rows = storage.read(config.quarantine_path).collect()
+    assert sorted((r._file, r._line, r.reason) for r in rows) == [
+        ("array.json", 1, JSON_ARRAY_REASON),
+        ("one_line_array.json", 1, JSON_ARRAY_REASON),
+    ]
