@@ -25,6 +25,21 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _QUALIFIED = re.compile(r"(?<![\w.`])`?([A-Za-z_][A-Za-z0-9_]*)`?\s*\.\s*`?[A-Za-z_]")
 _STRING_LITERAL = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"")
 # Lambda parameters of higher-order functions: `x -> x.a`, `(acc, x) -> acc + x.a`.
+#: Functions a select expression may not call: they run JVM code (reflect, java_method), read
+#: secrets, files or remote services with the job's privileges, or cost money per call.
+FORBIDDEN_FUNCTIONS = (
+    "reflect",
+    "try_reflect",
+    "java_method",
+    "secret",
+    "try_secret",
+    "http_request",
+    "read_files",
+    "read_kafka",
+    "ai_query",
+)
+_FORBIDDEN_CALL = re.compile(rf"(?i)\b({'|'.join(FORBIDDEN_FUNCTIONS)})\s*\(")
+_SUBQUERY = re.compile(r"(?i)\bselect\b")
 _LAMBDA_PARAMS = re.compile(r"(?:\(\s*([A-Za-z_][\w\s,]*)\)|\b([A-Za-z_]\w*))\s*->")
 
 CONNECTORS = ("postgresql", "mysql", "sqlserver")
@@ -432,6 +447,7 @@ def _select(raw: Any, aliases: set[str]) -> tuple[tuple[str, str], ...]:
         lowered[str(column).lower()] = str(column)
         text = _string(expr, key)
         code = _STRING_LITERAL.sub("''", text)
+        _check_safe(code, key)
         params = {p.strip() for m in _LAMBDA_PARAMS.findall(code) for p in ",".join(m).split(",")}
         unknown = sorted(set(_QUALIFIED.findall(code)) - aliases - params)
         if unknown:
@@ -440,6 +456,19 @@ def _select(raw: Any, aliases: set[str]) -> tuple[tuple[str, str], ...]:
             )
         out.append((str(column), text))
     return tuple(out)
+
+
+def _check_safe(code: str, key: str) -> None:
+    """A select expression is Spark SQL run with the job's privileges: no subqueries (they can
+    read any table the job can), no calls of :data:`FORBIDDEN_FUNCTIONS`."""
+    if _SUBQUERY.search(code):
+        raise ConfigError("may not hold a subquery (SELECT): use the sources' columns only", key=key)
+    called = _FORBIDDEN_CALL.search(code)
+    if called:
+        raise ConfigError(
+            f"may not call {called.group(1)}(): it runs code or reads data with the job's privileges",
+            key=key,
+        )
 
 
 def _required(raw: Mapping[str, Any], name: str, parent: str) -> Any:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from cdc_join.config import JoinConfig, JoinType, PipelineConfig, SourceConfig, load_config
+from cdc_join.config import JoinConfig, JoinType, PipelineConfig, SourceConfig, load_config, parse_config
 from cdc_join.errors import ConfigError
 
 DESIGN_EXAMPLE = """\
@@ -778,3 +778,38 @@ def test_delta_rs_backend_refuses_table_names_with_a_clear_error():
 
     with pytest.raises(StorageError, match="delta-spark"):
         table_root("main.cdc.orders_enriched")
+
+
+@pytest.mark.parametrize(
+    ("expression", "message"),
+    [
+        ("(SELECT max(id) FROM other.secret_table)", "subquery"),
+        ("orders.id IN (select id from t)", "subquery"),
+        ("reflect('java.lang.Runtime', 'getRuntime')", r"reflect\(\)"),
+        ("JAVA_METHOD('java.lang.System', 'exit', 1)", r"JAVA_METHOD\(\)"),
+        ("concat(orders.id, secret('scope', 'key'))", r"secret\(\)"),
+    ],
+)
+def test_select_expressions_may_not_run_code_or_read_other_data(tmp_path, expression, message):
+    raw = {
+        "name": "p",
+        "lake": "lake",
+        "sources": {"orders": {"landing": "landing/orders", "primary_key": ["id"]}},
+        "left": "orders",
+        "select": {"x": expression},
+        "output": "out",
+    }
+    with pytest.raises(ConfigError, match=rf"select\.x: may not .*{message}"):
+        parse_config(raw, base_dir=tmp_path, check_paths=False)
+
+
+def test_words_like_select_inside_strings_and_names_are_fine(tmp_path):
+    raw = {
+        "name": "p",
+        "lake": "lake",
+        "sources": {"orders": {"landing": "landing/orders", "primary_key": ["id"]}},
+        "left": "orders",
+        "select": {"x": "concat('select ', orders.selected, ' reflect(')", "y": "orders.reflection"},
+        "output": "out",
+    }
+    assert len(parse_config(raw, base_dir=tmp_path, check_paths=False).select) == 2
