@@ -69,7 +69,7 @@ def _global_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
         "--debug",
         action="store_true",
         default=value(False),
-        help="print the full error and stack trace on failure",
+        help="print the full error and stack trace on failure, and Spark's own start-up output",
     )
 
 
@@ -194,7 +194,7 @@ def open_pipeline(args: argparse.Namespace, progress: Callable[[str], None] | No
     from cdc_join.session import get_spark
     from cdc_join.storage import get_storage
 
-    spark = get_spark(f"cdc_join:{config.name}")
+    spark = get_spark(f"cdc_join:{config.name}", quiet=not args.debug)
     return Pipeline(config, spark, get_storage(spark, args.storage), progress=progress)
 
 
@@ -249,7 +249,7 @@ def _quarantine(args: argparse.Namespace, say: _Printer) -> int:
 def _demo(args: argparse.Namespace, say: _Printer) -> int:
     from cdc_join.demo import run_demo
 
-    run_demo(args.dir)
+    run_demo(args.dir, quiet=not args.debug)
     return OK
 
 

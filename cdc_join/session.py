@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
+from collections.abc import Iterator
 
 from pyspark.sql import SparkSession
 
@@ -18,13 +21,17 @@ LOCAL_DEFAULTS = {
 }
 
 
-def get_spark(app_name: str = "cdc_join", extra_conf: dict[str, str] | None = None) -> SparkSession:
+def get_spark(
+    app_name: str = "cdc_join", extra_conf: dict[str, str] | None = None, *, quiet: bool = False
+) -> SparkSession:
     """Return the active SparkSession, or start a local one with small-machine defaults.
 
     On Databricks (or any driver that already has a session) the active session is reused
     untouched. Locally, the master comes from ``CDC_JOIN_SPARK_MASTER`` (default
     ``local[2]``); where the Delta jars are on the classpath, ``CDC_JOIN_STORAGE=delta-spark``
-    also configures the Delta SQL extension and catalog.
+    also configures the Delta SQL extension and catalog. With ``quiet`` a JVM started here
+    writes its own output (log4j start-up lines, JDK warnings) to :data:`JVM_LOG` instead of
+    the terminal; errors still reach Python as exceptions.
     """
     active = SparkSession.getActiveSession()
     if active is not None:
@@ -41,6 +48,27 @@ def get_spark(app_name: str = "cdc_join", extra_conf: dict[str, str] | None = No
         builder = builder.config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension").config(
             "spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog"
         )
-    spark = builder.getOrCreate()
+    with _jvm_output_to(JVM_LOG) if quiet else contextlib.nullcontext():
+        spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+#: Where a quiet session's JVM writes its standard error.
+JVM_LOG = os.path.join(
+    tempfile.gettempdir(), f"cdc_join-spark-{os.getuid() if hasattr(os, 'getuid') else 0}.log"
+)
+
+
+@contextlib.contextmanager
+def _jvm_output_to(path: str) -> Iterator[None]:
+    """Point file descriptor 2 at ``path`` while the JVM starts: it inherits that, Python gets
+    its own stderr back."""
+    saved = os.dup(2)
+    try:
+        with open(path, "ab") as log:
+            os.dup2(log.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)

@@ -1,0 +1,105 @@
+"""Every command's exit codes, as a scheduler sees them, and what a person sees on a failure:
+one line saying what failed and what to do next, no stack trace."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from pyspark.sql import functions as F
+
+from cdc_join import cli
+from cdc_join.runlog import run_lock
+from tests.support import make_pipeline
+
+
+@pytest.fixture
+def landed(tmp_path, spark, storage):
+    pipeline, w = make_pipeline(tmp_path, spark, storage, join_type="left")
+    w.write("rhs", [w.upsert("rhs", {"id": 1, "value": "r1"}, 1)])
+    w.write("lhs", [w.upsert("lhs", {"id": "a", "fk": 1, "v": 0}, 2)])
+    return pipeline, w, str(pipeline.config.config_path)
+
+
+def _cli(*args: str) -> int:
+    return cli.main(["--storage", "delta-rs", *args])
+
+
+def _edit(config: str, change) -> None:
+    path = Path(config)
+    spec = yaml.safe_load(path.read_text())
+    change(spec)
+    path.write_text(yaml.safe_dump(spec))
+
+
+def _one_error(capsys) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("cdc-join: error: ") and lines[1].startswith("  next: ")
+    return lines[0]
+
+
+def test_run_full_refresh_verify_quarantine_succeed_with_0_and_json_is_one_document(landed, capsys):
+    _, _, config = landed
+    assert _cli("run", config, "--json") == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["steps"]["silver"]["inserted"] == 1
+    assert _cli("full-refresh", config, "-q") == 0
+    assert _cli("verify", config, "-q") == 0
+    assert _cli("quarantine", config) == 0
+    assert "no quarantined lines" in capsys.readouterr().out
+
+
+def test_verify_finding_a_difference_exits_1(landed, storage, capsys):
+    pipeline, _, config = landed
+    assert _cli("-q", "run", config) == 0
+    silver = pipeline.config.silver_path
+    storage.overwrite(silver, storage.read(silver).withColumn("v", F.lit(99).cast("long")))
+    assert _cli("verify", config) == 1
+    assert "differ" in capsys.readouterr().out.lower()
+
+
+def test_a_config_error_exits_2_naming_the_key_before_spark_work(landed, capsys):
+    _, _, config = landed
+    _edit(config, lambda spec: spec["joins"][0].update(type="outer"))
+    for command in ("run", "full-refresh", "verify", "check", "optimize", "quarantine"):
+        assert _cli(command, config) == 2, command
+        assert "joins[0].type" in _one_error(capsys)
+
+
+def test_an_invalid_storage_choice_exits_2(landed, monkeypatch, capsys):
+    _, _, config = landed
+    monkeypatch.setenv("CDC_JOIN_STORAGE", "sqlite")
+    assert cli.main(["run", config]) == 2
+    assert "CDC_JOIN_STORAGE" in _one_error(capsys)
+
+
+def test_quarantined_events_exit_3_unless_the_pipeline_says_warn(landed, capsys):
+    _, w, config = landed
+    w.write("lhs", ["{not json"])
+    assert _cli("run", config) == 3
+    out = capsys.readouterr().out
+    assert "WARNING: 1 line(s) of lhs quarantined; see 'cdc-join quarantine'" in out
+    assert _cli("quarantine", config, "--source", "lhs") == 0
+    assert "not valid JSON" in capsys.readouterr().out
+    _edit(config, lambda spec: spec.update(on_quarantine="warn"))
+    w.write("lhs", ["{still not json"])
+    assert _cli("-q", "run", config) == 0
+
+
+def test_another_run_holding_the_pipeline_exits_4(landed, capsys):
+    pipeline, _, config = landed
+    with run_lock(pipeline.config):
+        assert _cli("run", config) == 4
+    assert "next: run again when the other run is done" in capsys.readouterr().err
+
+
+def test_a_storage_error_exits_5_without_a_stack_trace(landed, tmp_path, capsys):
+    _, _, config = landed
+    blocked = tmp_path / "not_a_folder"
+    blocked.write_text("a file where the lake should be")
+    assert _cli("--lake", str(blocked), "run", config) == 5
+    _one_error(capsys)
