@@ -35,7 +35,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import astuple, dataclass
+from dataclasses import astuple, dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
@@ -103,6 +103,8 @@ class IngestReport:
     tombstones: int
     quarantined: int
     seconds: float
+    reasons: Mapping[str, int] = field(default_factory=dict)
+    """Quarantined lines per reason."""
 
 
 @dataclass(frozen=True)
@@ -123,12 +125,19 @@ class _FileCounts:
 
 
 def ingest_all(
-    spark: SparkSession, storage: Storage, config: PipelineConfig, *, after_step: StepHook | None = None
+    spark: SparkSession,
+    storage: Storage,
+    config: PipelineConfig,
+    *,
+    after_step: StepHook | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> dict[str, IngestReport]:
     """Ingest every source that has a landing folder; see :func:`ingest_source`."""
     done = _ingested_by_source(storage, config)  # one read of the log for all sources
     return {
-        name: ingest_source(spark, storage, config, name, after_step=after_step, done=done.get(name, {}))
+        name: ingest_source(
+            spark, storage, config, name, after_step=after_step, done=done.get(name, {}), progress=progress
+        )
         for name, source in config.sources.items()
         if source.landing is not None
     }
@@ -142,6 +151,7 @@ def ingest_source(
     *,
     after_step: StepHook | None = None,
     done: Mapping[str, int | None] | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> IngestReport:
     """Ingest the landing files of one source that the ingest log does not name yet.
 
@@ -154,6 +164,7 @@ def ingest_source(
             raises stops the ingest there (tests use it to simulate a crash).
         done: the names the ingest log records for this source, with their sizes then, when the
             caller has read it.
+        progress: called with a line before and after parsing new files (for long ingests).
 
     Returns:
         Counts of this run (all zero when there was nothing new).
@@ -171,8 +182,18 @@ def ingest_source(
     listed = list_landing(spark, source.landing)
     _fail_on_changed_files(source_name, listed, done)
     pending = [f for f in listed if f.name not in done]
-    counts = _ingest_files(spark, storage, config, source_name, pending, after_step) if pending else {}
+    if pending and progress is not None:
+        size = sum(f.size for f in pending) / 1e6
+        progress(f"  ingest {source_name}: {len(pending)} new file(s), {size:.1f} MB ...")
+    counts, reasons = (
+        _ingest_files(spark, storage, config, source_name, pending, after_step) if pending else ({}, {})
+    )
     total = _FileCounts(*(sum(column) for column in zip(*(astuple(c) for c in counts.values()), strict=True)))
+    if pending and progress is not None:
+        progress(
+            f"  ingest {source_name}: {total.events} events, {total.quarantined} quarantined, "
+            f"{time.monotonic() - started:.1f}s"
+        )
     return IngestReport(
         source=source_name,
         files=len(pending),
@@ -181,6 +202,7 @@ def ingest_source(
         tombstones=total.tombstones,
         quarantined=total.quarantined,
         seconds=time.monotonic() - started,
+        reasons=reasons,
     )
 
 
@@ -206,8 +228,9 @@ def _ingest_files(
     source_name: str,
     pending: Sequence[LandedFile],
     after_step: StepHook | None,
-) -> dict[str, _FileCounts]:
-    """Parse ``pending`` (one Spark job for the batch's schemas, one for its lines), then write."""
+) -> tuple[dict[str, _FileCounts], dict[str, int]]:
+    """Parse ``pending`` (one Spark job for the batch's schemas, one for its lines), then write;
+    the outcome counts per file, and the quarantined lines per reason."""
     lines = read_lines(spark, pending).persist()
     try:
         known = _known_row(storage, config.bronze_path(source_name))
@@ -215,7 +238,8 @@ def _ingest_files(
         outcome = _Outcome.of(parsed, source_name, datetime.now(timezone.utc))
     finally:
         lines.unpersist()
-    return _write_all(spark, storage, config, source_name, pending, outcome, after_step)
+    counts = _write_all(spark, storage, config, source_name, pending, outcome, after_step)
+    return counts, outcome.quarantine.value_counts("reason") if outcome.quarantine.rows else {}
 
 
 @dataclass(frozen=True)

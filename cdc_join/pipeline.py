@@ -81,8 +81,12 @@ class Pipeline:
             report.jobs = SparkJobs(self.spark)
             if ingest:
                 with report.step("ingest") as counts:
-                    for name, r in ingest_all(self.spark, self.storage, self.config).items():
+                    for name, r in ingest_all(
+                        self.spark, self.storage, self.config, progress=self.progress
+                    ).items():
                         counts[name] = {"files": r.files, "events": r.events, "quarantined": r.quarantined}
+                        if r.reasons:
+                            counts[name]["reasons"] = dict(r.reasons)
             checkpoint = self._join(begin, report, plan)
             commit_run(
                 self.storage, self.config, checkpoint, kind, started, report.to_dict(), begin.log_version

@@ -516,7 +516,7 @@ def _observed(meta: Mapping[str, Any], result: Mapping[str, Any], error: str | N
         return f"orphan rate {rate:.4f} ({result.get('unexpected_count') or 0} rows), {bound}"
     if meta.get("kind") == "freshness":
         lag = result.get("observed_value", float("nan"))
-        return f"newest event {lag:.1f} min old, max {meta['threshold']:g}"
+        return f"newest event {_age(lag)} old, max {_age(meta['threshold'])}"
     if "observed_value" in result:
         return f"observed {result['observed_value']}"
     if "element_count" in result:
@@ -525,6 +525,17 @@ def _observed(meta: Mapping[str, Any], result: Mapping[str, Any], error: str | N
 
 
 # -- freshness -------------------------------------------------------------------------------
+
+
+def _age(minutes: float) -> str:
+    """Minutes as a person reads them: ``42 min``, ``5.1 h``, ``1104.6 days``."""
+    if minutes != minutes:  # NaN: nothing observed
+        return "unknown"
+    if abs(minutes) < 120:
+        return f"{minutes:.0f} min"
+    if abs(minutes) < 48 * 60:
+        return f"{minutes / 60:.1f} h"
+    return f"{minutes / 1440:.1f} days"
 
 
 def _check_freshness(

@@ -101,12 +101,67 @@ class RunReport:
         return bool(self.quarantined()) and getattr(config, "on_quarantine", "fail") != "warn"
 
     def summary(self, verbose: bool = False) -> str:
-        """A few lines a person reads after a run."""
-        lines = [f"cdc_join {self.kind} run {self.run_id}: {sum(self.seconds.values()):.1f}s"]
-        for name, counts in self.steps.items():
-            shown = ", ".join(f"{k}={v}" for k, v in counts.items() if v not in (None, {}, []))
-            lines.append(f"  {name:<28} {self.seconds.get(name, 0):>7.2f}s  {shown}")
+        """What a person reads after a run: what silver got, the events, the plan and why, the
+        seconds per step, warnings. ``verbose`` adds every count of every step (KIP-213
+        instructions, files scanned, ...)."""
+        kind = "full refresh" if self.kind == "full_refresh" else "run"
+        lines = [f"cdc_join {kind} {self.run_id}: {self._plan()}, {sum(self.seconds.values()):.1f}s"]
+        silver = self.steps.get("silver")
+        if silver is not None:
+            changed = ", ".join(f"{silver.get(k) or 0} {k}" for k in ("inserted", "updated", "deleted"))
+            replaced = f" (schema replaced: {silver['replaced']})" if silver.get("replaced") else ""
+            lines.append(f"  silver     {changed}{replaced}")
+        events = self._events()
+        if events:
+            lines.append(f"  events     {events}")
+        resolve = self.steps.get("resolve", {})
+        if resolve.get("stale_dropped"):
+            lines.append(
+                f"  stale      {resolve['stale_dropped']} responses for superseded left values dropped"
+            )
+        timed = ", ".join(f"{name} {s:.2f}" for name, s in self.seconds.items() if s >= 0.005)
+        lines.append(f"  seconds    {timed}")
+        if verbose:
+            for name, counts in self.steps.items():
+                shown = ", ".join(f"{k}={v}" for k, v in counts.items() if v not in (None, {}, []))
+                lines.append(f"    {name:<28} {self.seconds.get(name, 0):>7.2f}s  {shown}")
         for source, count in self.quarantined().items():
-            lines.append(f"  WARNING: {count} line(s) of {source} quarantined; see 'cdc-join quarantine'")
+            reasons = self.steps.get("ingest", {}).get(source, {}).get("reasons") or {}
+            top = sorted(reasons.items(), key=lambda kv: -kv[1])[:3]
+            why = "; ".join(f"{n} × {reason[:120]}" for reason, n in top)
+            more = f"; {len(reasons) - 3} more reasons" if len(reasons) > 3 else ""
+            detail = f" ({why}{more})" if why else ""
+            lines.append(
+                f"  WARNING: {count} line(s) of {source} quarantined{detail}; see 'cdc-join quarantine'"
+            )
         lines += [f"  WARNING: {w}" for w in self.warnings]
         return "\n".join(lines)
+
+    def _plan(self) -> str:
+        plan = self.steps.get("plan")
+        if plan is None:
+            return "nothing to join yet" if "join" in self.steps else "no join run"
+        return f"{plan.get('decision', '?')} ({plan.get('reason', '')})"
+
+    def _events(self) -> str:
+        """Per source: events ingested and quarantined, events applied, truncates."""
+        ingest, parts = self.steps.get("ingest", {}), []
+        names = list(
+            dict.fromkeys([*ingest, *(k.split(":", 1)[1] for k in self.steps if k.startswith("state:"))])
+        )
+        for name in names:
+            read, state = ingest.get(name, {}), self.steps.get(f"state:{name}", {})
+            bits = []
+            if read.get("events") or read.get("quarantined"):
+                bits.append(f"{read.get('events') or 0} ingested")
+            if read.get("quarantined"):
+                bits.append(f"{read['quarantined']} quarantined")
+            if state.get("keys_changed"):
+                bits.append(f"{state['keys_changed']} keys changed")
+            if state.get("truncate_applied"):
+                bits.append(f"truncate applied ({state.get('truncated') or 0} rows removed)")
+            if state.get("rebuilt") is not None:
+                bits.append(f"{state['rebuilt']} rows rebuilt")
+            if bits:
+                parts.append(f"{name}: {', '.join(bits)}")
+        return "; ".join(parts)

@@ -82,7 +82,7 @@ def test_quarantined_events_exit_3_unless_the_pipeline_says_warn(landed, capsys)
     w.write("lhs", ["{not json"])
     assert _cli("run", config) == 3
     out = capsys.readouterr().out
-    assert "WARNING: 1 line(s) of lhs quarantined; see 'cdc-join quarantine'" in out
+    assert "WARNING: 1 line(s) of lhs quarantined (1 × not valid JSON); see 'cdc-join quarantine'" in out
     assert _cli("quarantine", config, "--source", "lhs") == 0
     assert "not valid JSON" in capsys.readouterr().out
     _edit(config, lambda spec: spec.update(on_quarantine="warn"))

@@ -260,7 +260,7 @@ def test_freshness_compares_the_newest_event_with_the_wall_clock(lake, storage):
     quality = {"freshness_max_minutes": 5, "severity": {"freshness": "fail"}}
     late = _by_check(check(_with_quality(lake, quality), storage, now=NOW, write=False))["freshness"]
     assert not late.success and late.severity == "fail"
-    assert late.observed.startswith("newest event 10.0 min old")
+    assert late.observed.startswith("newest event 10 min old")
     fresh = check(_with_quality(lake, {"freshness_max_minutes": 11}), storage, now=NOW, write=False)
     assert _by_check(fresh)["freshness"].success
 
