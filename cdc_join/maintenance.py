@@ -18,7 +18,11 @@ The policy, per table, from its file statistics (no data is read to decide):
   *overlap* — how many files' ranges of the first key column cover a value, on average over
   the files' own minimums — exceeds :data:`MAX_OVERLAP`, or when it has more than
   :data:`MAX_SMALL_FILES` small files (smaller than a quarter of its target file size);
-- silver is compacted (Delta OPTIMIZE) when it has more than :data:`MAX_SMALL_FILES` small files.
+- silver is compacted (Delta OPTIMIZE) when it has more than :data:`MAX_SMALL_FILES` small files;
+- so are the tables every run appends a small file to, which would otherwise grow by a file per
+  run for the life of the pipeline: bronze, the run log, the ingest log, the quarantine and the
+  quality results. OPTIMIZE only rewrites files (no data change), so change-feed readers of
+  bronze see nothing new.
 
 A compaction is one overwrite that commits only if the table did not move while it was
 rewritten (so a run appending meanwhile makes it give up, never lose the run's rows), and it
@@ -111,6 +115,14 @@ def pipeline_tables(config: PipelineConfig) -> list[tuple[str, str, list[str] | 
     ]
     tables += [(config.state_path(s), "state", list(src.primary_key)) for s, src in config.sources.items()]
     tables.append((config.silver_path, "silver", None))
+    # A bronze table another tool writes (``bronze:``) is that tool's to maintain.
+    tables += [
+        (config.bronze_path(s), "log", None) for s, src in config.sources.items() if src.bronze is None
+    ]
+    tables += [
+        (path, "log", None)
+        for path in (config.runs_path, config.ingest_log_path, config.quarantine_path, config.quality_path)
+    ]
     return tables
 
 
