@@ -179,9 +179,7 @@ def ingest_source(
         raise InputError(f"source {source_name!r} has no landing folder to ingest")
     if done is None:
         done = ingested_files(storage, config, source_name)
-    listed = list_landing(spark, source.landing)
-    _fail_on_changed_files(source_name, listed, done)
-    pending = [f for f in listed if f.name not in done]
+    pending = _pending(spark, source_name, source.landing, done)
     if pending and progress is not None:
         size = sum(f.size for f in pending) / 1e6
         progress(f"  ingest {source_name}: {len(pending)} new file(s), {size:.1f} MB ...")
@@ -204,6 +202,15 @@ def ingest_source(
         seconds=time.monotonic() - started,
         reasons=reasons,
     )
+
+
+def _pending(
+    spark: SparkSession, source_name: str, folder: str, done: Mapping[str, int | None]
+) -> list[LandedFile]:
+    """The landing files the log does not name yet; a named file whose size changed is an error."""
+    listed = list_landing(spark, folder)
+    _fail_on_changed_files(source_name, listed, done)
+    return [f for f in listed if f.name not in done]
 
 
 def _fail_on_changed_files(

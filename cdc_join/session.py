@@ -24,14 +24,17 @@ LOCAL_DEFAULTS = {
 def get_spark(
     app_name: str = "cdc_join", extra_conf: dict[str, str] | None = None, *, quiet: bool = False
 ) -> SparkSession:
-    """Return the active SparkSession, or start a local one with small-machine defaults.
+    """Return the active SparkSession, or start one with small-machine defaults.
 
     On Databricks (or any driver that already has a session) the active session is reused
-    untouched. Locally, the master comes from ``CDC_JOIN_SPARK_MASTER`` (default
-    ``local[2]``); where the Delta jars are on the classpath, ``CDC_JOIN_STORAGE=delta-spark``
-    also configures the Delta SQL extension and catalog. With ``quiet`` a JVM started here
-    writes its own output (log4j start-up lines, JDK warnings) to :data:`JVM_LOG` instead of
-    the terminal; errors still reach Python as exceptions.
+    untouched. With ``CDC_JOIN_SPARK_REMOTE`` set, the session is a Spark Connect client:
+    ``local[2]`` starts a local Connect server (the ``pyspark[connect]`` extra), and
+    ``sc://host:port`` reaches a running one (Databricks serverless runs PySpark this way).
+    Otherwise the master comes from ``CDC_JOIN_SPARK_MASTER`` (default ``local[2]``). Where
+    the Delta jars are on the classpath, ``CDC_JOIN_STORAGE=delta-spark`` also configures the
+    Delta SQL extension and catalog. With ``quiet`` a JVM started here writes its own output
+    (log4j start-up lines, JDK warnings) to :data:`JVM_LOG` instead of the terminal; errors
+    still reach Python as exceptions.
     """
     active = SparkSession.getActiveSession()
     if active is not None:
@@ -39,18 +42,24 @@ def get_spark(
     if os.environ.get("DATABRICKS_RUNTIME_VERSION"):
         # The cluster's session is configured by the cluster; laptop defaults don't belong there.
         return SparkSession.builder.getOrCreate()
-    builder = SparkSession.builder.appName(app_name).master(
-        os.environ.get("CDC_JOIN_SPARK_MASTER", "local[2]")
-    )
-    for key, value in {**LOCAL_DEFAULTS, **(extra_conf or {})}.items():
-        builder = builder.config(key, value)
+    remote = os.environ.get("CDC_JOIN_SPARK_REMOTE")
+    if remote:
+        builder = SparkSession.builder.appName(app_name).remote(remote)
+    else:
+        builder = SparkSession.builder.appName(app_name).master(
+            os.environ.get("CDC_JOIN_SPARK_MASTER", "local[2]")
+        )
+    if not remote or not remote.startswith("sc://"):  # a server started here takes the defaults
+        for key, value in {**LOCAL_DEFAULTS, **(extra_conf or {})}.items():
+            builder = builder.config(key, value)
     if os.environ.get("CDC_JOIN_STORAGE") == "delta-spark":
         builder = builder.config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension").config(
             "spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog"
         )
     with _jvm_output_to(JVM_LOG) if quiet else contextlib.nullcontext():
         spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
+    if not remote:
+        spark.sparkContext.setLogLevel("ERROR")
     return spark
 
 

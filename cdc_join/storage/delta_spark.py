@@ -524,30 +524,35 @@ class DeltaSparkStorage:
         self, path: str, df: DataFrame, *, merge_schema: bool = False, expected_version: int | None = None
     ) -> WriteMetrics:
         """Append ``df``; with ``merge_schema`` its new columns are added to the table."""
-        self._check_version(path, expected_version)
-        before = self._file_set(path)
-        writer = df.write.format("delta").mode("append")
-        if merge_schema:
-            writer = writer.option("mergeSchema", "true")
-        with _spark_errors("append to", path):
-            self._save(writer, path)
-        return self._metrics_after(path, before, {"rows_inserted": "numOutputRows"})
+        option = ("mergeSchema", "true") if merge_schema else None
+        return self._write(path, df, "append", option, expected_version, {"rows_inserted": "numOutputRows"})
 
     def overwrite(
         self, path: str, df: DataFrame, *, expected_version: int | None = None, replace_schema: bool = False
     ) -> WriteMetrics:
         """Replace every row of the table with ``df``: same schema, or ``df``'s with ``replace_schema``
         (Delta's ``overwriteSchema``; one commit, history and properties stay)."""
+        option = ("overwriteSchema", "true") if replace_schema else None
+        metrics = {"rows_inserted": "numOutputRows", "rows_deleted": "numDeletedRows"}
+        return self._write(path, df, "overwrite", option, expected_version, metrics)
+
+    def _write(
+        self,
+        path: str,
+        df: DataFrame,
+        mode: str,
+        option: tuple[str, str] | None,
+        expected_version: int | None,
+        metrics: Mapping[str, str],
+    ) -> WriteMetrics:
         self._check_version(path, expected_version)
         before = self._file_set(path)
-        writer = df.write.format("delta").mode("overwrite")
-        if replace_schema:
-            writer = writer.option("overwriteSchema", "true")
-        with _spark_errors("overwrite", path):
+        writer = df.write.format("delta").mode(mode)
+        if option is not None:
+            writer = writer.option(*option)
+        with _spark_errors("append to" if mode == "append" else mode, path):
             self._save(writer, path)
-        return self._metrics_after(
-            path, before, {"rows_inserted": "numOutputRows", "rows_deleted": "numDeletedRows"}
-        )
+        return self._metrics_after(path, before, metrics)
 
     def merge(
         self, path: str, source: DataFrame, spec: MergeSpec, *, expected_version: int | None = None
