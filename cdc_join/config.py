@@ -115,6 +115,8 @@ class PipelineConfig:
     quality: Mapping[str, Any] = field(default_factory=dict)
     tables: str | None = None
     on_quarantine: str = "fail"
+    tombstone_horizon_days: float | None = None
+    """Maintenance drops delete tombstones whose event is older than this (``None``: never)."""
 
     # -- table locations (DESIGN.md §4) ------------------------------------------------------
     # With ``tables: catalog.schema`` every table is addressed by name in that schema
@@ -272,6 +274,7 @@ _TOP_KEYS = {
     "output",
     "quality",
     "on_quarantine",
+    "tombstone_horizon_days",
 }
 _TOP_KEYS |= {"description"}
 _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$")
@@ -310,6 +313,11 @@ def parse_config(
     on_quarantine = raw.get("on_quarantine", "fail")
     if on_quarantine not in ON_QUARANTINE:
         raise ConfigError(f"must be one of {list(ON_QUARANTINE)}, got {on_quarantine!r}", key="on_quarantine")
+    horizon = raw.get("tombstone_horizon_days")
+    if horizon is not None and (
+        isinstance(horizon, bool) or not isinstance(horizon, int | float) or horizon <= 0
+    ):
+        raise ConfigError(f"must be a positive number of days, got {horizon!r}", key="tombstone_horizon_days")
     return PipelineConfig(
         name=name,
         lake=lake,
@@ -322,6 +330,7 @@ def parse_config(
         quality=dict(quality),
         tables=tables,
         on_quarantine=on_quarantine,
+        tombstone_horizon_days=None if horizon is None else float(horizon),
     )
 
 

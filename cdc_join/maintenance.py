@@ -27,12 +27,15 @@ The policy, per table, from its file statistics (no data is read to decide):
 A compaction is one overwrite that commits only if the table did not move while it was
 rewritten (so a run appending meanwhile makes it give up, never lose the run's rows), and it
 keeps, per key, the row an unfinished run still needs as its old image. It never vacuums, so
-pinned versions of running jobs stay readable.
+pinned versions of running jobs stay readable. With ``tombstone_horizon_days`` in the pipeline
+YAML, state compaction also drops delete tombstones whose event is older than that (default:
+kept forever, see :func:`cdc_join.state.compact` for what dropping them allows).
 """
 
 from __future__ import annotations
 
 import bisect
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -159,7 +162,9 @@ def optimize_pipeline(
 def _compact(storage: Storage, config: PipelineConfig, path: str, kind: str, last_run: int) -> int | None:
     if kind == "state":
         name = next(n for n in config.sources if config.state_path(n) == path)
-        return state.compact(storage, path, config.sources[name].primary_key, last_run)
+        horizon = config.tombstone_horizon_days
+        before = None if horizon is None else int((time.time() - horizon * 86_400) * 1000)
+        return state.compact(storage, path, config.sources[name].primary_key, last_run, before)
     if kind == "subscription":
         join = next(j for j in config.joins if config.subscription_path(j) == path)
         return subscription.compact(storage, path, join, config.left_source, last_run)

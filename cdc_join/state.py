@@ -567,15 +567,28 @@ def read_current(
     return newest(stored, key)
 
 
-def compact(storage: Storage, path: str, key: Sequence[str], last_run_id: int) -> int:
+def compact(
+    storage: Storage,
+    path: str,
+    key: Sequence[str],
+    last_run_id: int,
+    tombstones_before_ms: int | None = None,
+) -> int:
     """Rewrite the table keeping, per key, its newest row and its newest row of a completed run.
 
     The second is what an unfinished run needs as its old image; after a completed run the two
-    are the same row. Returns the rows kept.
+    are the same row. With ``tombstones_before_ms``, a key whose only kept row is a delete
+    tombstone of an event older than that (``_cdc_ts_ms``) is dropped: the table stops growing
+    with every key ever deleted, at the price that an event older than the delete arriving
+    after the drop would bring the row back. Returns the rows kept.
     """
     version = storage.version(path)
     stored = storage.read(path, version)
     settled = newest(stored.filter(F.col(RUN) <= last_run_id), key)
     rows = newest(stored, key).unionByName(settled).dropDuplicates([*key, SEQ, FILE, LINE])
+    if tombstones_before_ms is not None:
+        expired = F.col(DELETED) & F.col(TS_MS).isNotNull() & (F.col(TS_MS) < F.lit(tombstones_before_ms))
+        live_keys = rows.filter(~expired).select(*quoted(key)).distinct()
+        rows = rows.join(live_keys, [*key], "left_semi")
     written = storage.overwrite(path, rows.orderBy(*quoted(key)), expected_version=version)
     return written.rows_inserted or 0

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+from pyspark.sql import functions as F
 
 from cdc_join.cli import main
 from cdc_join.errors import ConcurrentRunError
@@ -231,4 +232,29 @@ def test_tables_that_grow_by_a_file_per_run_are_compacted_by_the_maintenance_pol
         assert done[path]["action"] == "compact", done[path]
         assert len(storage.files(path)) == 1
     assert pipeline.run().steps["plan"]["decision"] == "incremental"  # the checkpoint still reads
+    assert pipeline.verify().ok
+
+
+def test_a_tombstone_horizon_lets_maintenance_drop_old_deletes_from_state(tmp_path, spark, storage):
+    import dataclasses
+
+    from cdc_join.maintenance import optimize_pipeline
+    from cdc_join.tables import DELETED
+
+    pipeline, w = make_pipeline(tmp_path, spark, storage, join_type="left")
+    w.write("rhs", [w.upsert("rhs", {"id": 1, "value": "r1"}, 1)])
+    w.write("lhs", [w.upsert("lhs", {"id": k, "fk": 1, "v": 0}, 2 + n) for n, k in enumerate("ab")])
+    pipeline.run()
+    w.write("lhs", [w.delete("lhs", {"id": "a", "fk": 1, "v": 0}, 10)])  # an event of 2023
+    pipeline.run()
+    path = pipeline.config.state_path("lhs")
+    optimize_pipeline(storage, pipeline.config, force=True)  # no horizon: tombstones stay
+    assert storage.read(path).filter(F.col(DELETED)).count() == 1
+    aged = dataclasses.replace(pipeline.config, tombstone_horizon_days=30)
+    optimize_pipeline(storage, aged, force=True)
+    assert storage.read(path).filter(F.col("id") == "a").count() == 0
+    assert silver_rows(pipeline) == {("b", 1, 0, "r1")}
+    w.write("lhs", [w.upsert("lhs", {"id": "b", "fk": 1, "v": 1}, 11)])
+    pipeline.run()
+    assert silver_rows(pipeline) == {("b", 1, 1, "r1")}
     assert pipeline.verify().ok
