@@ -82,7 +82,11 @@ _QUARANTINE_MERGE = MergeSpec(
     on="t.source = s.source AND t._file = s._file AND t._line = s._line", update=False, merge_schema=True
 )
 _LANDING_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
-_IN_PROGRESS = ("_", ".", "+")  # first characters of files and folders still being written
+_IN_PROGRESS = ("_", ".", "+")
+#: A batch of landing files at least this large has its lines spread over tasks for parsing,
+#: one task per this many bytes, at most :data:`MAX_SPREAD` tasks.
+SPREAD_BYTES = 16 * 1024 * 1024
+MAX_SPREAD = 64  # first characters of files and folders still being written
 _GLOB_SPECIAL = re.compile(r"([\\\[\]{}*?])")
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 
@@ -546,7 +550,13 @@ def read_lines(spark: SparkSession, files: Sequence[LandedFile]) -> DataFrame:
     exploded = text.selectExpr(f"{name} AS _file", f"posexplode({kept}) AS (pos, line)")
     # A byte-order mark would make the first line invalid JSON; a \r is left by CRLF endings.
     value = "regexp_replace(line, '^\\\\x{FEFF}|\\\\r$', '') AS value"
-    return exploded.selectExpr("_file", "CAST(pos + 1 AS BIGINT) AS _line", value)
+    lines = exploded.selectExpr("_file", "CAST(pos + 1 AS BIGINT) AS _line", value)
+    # A file is one row until it is split into lines, so each file is parsed by one task; a
+    # large batch is spread over the cores (one shuffle of the lines) so parsing runs in parallel.
+    size = sum(f.size for f in files)
+    if size >= SPREAD_BYTES:
+        lines = lines.repartition(min(MAX_SPREAD, max(2, size // SPREAD_BYTES)))
+    return lines
 
 
 def _sql_text(text: str) -> str:

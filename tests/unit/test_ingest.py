@@ -262,3 +262,20 @@ def test_a_json_array_file_is_quarantined_once_with_one_reason(spark, storage, t
         ("array.json", 1, JSON_ARRAY_REASON),
         ("one_line_array.json", 1, JSON_ARRAY_REASON),
     ]
+
+
+def test_a_large_batch_is_spread_over_tasks_and_gives_the_same_rows(spark, storage, tmp_path, monkeypatch):
+    import cdc_join.ingest as ingest
+
+    monkeypatch.setattr(ingest, "SPREAD_BYTES", 64)  # every batch counts as large
+    config = land_three_files(tmp_path)
+    assert (
+        read_lines(
+            spark, list_landing(spark, config.sources["customers"].landing or "")
+        ).rdd.getNumPartitions()
+        > 1
+    )
+    report = ingest_source(spark, storage, config, "customers")
+    assert (report.files, report.lines, report.events, report.quarantined) == (3, 14, 11, 2)
+    assert bronze_keys(spark, storage, config) == EXPECTED_BRONZE
+    assert quarantine_keys(storage, config) == EXPECTED_QUARANTINE
