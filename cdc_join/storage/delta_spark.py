@@ -1,35 +1,69 @@
 """The distributed storage backend: Delta Lake through the Delta jars on the Spark classpath.
 
-Used on Databricks and on any cluster started with Delta. Everything runs in Spark through the
-public APIs of delta-spark (``delta.tables.DeltaTable``, ``format("delta")`` reads with
-``versionAsOf`` and ``readChangeFeed``, ``OPTIMIZE``), so Spark Connect works too.
+Used on Databricks and on any cluster started with Delta (delta-spark 4.x; ``withSchemaEvolution``
+needs 3.2 or later). Table data is only ever read and written by Spark through the public APIs of
+delta-spark (``delta.tables.DeltaTable``, ``format("delta")`` reads with ``versionAsOf`` and
+``readChangeFeed``, ``OPTIMIZE``), so Spark Connect works too.
 
 Choices that keep this backend interchangeable with :mod:`cdc_join.storage.delta_rs` (the
 contract tests in ``tests/contract`` run both):
 
-- ``read(files=...)`` reads the snapshot through Delta (so deletion vectors and column mapping
-  are honoured) and keeps the rows whose ``_metadata.file_name`` is one of the named files.
-  Delta data file names are unique within a table (they carry a UUID).
-- ``files`` lists the snapshot's files with ``DataFrame.inputFiles()`` and takes their
-  statistics from the add actions in the transaction log, read with Spark as data: the JSON
-  commits (``_delta_log/*.json``), parquet checkpoints (``*.checkpoint*.parquet``) and v2
-  checkpoint sidecars (``_delta_log/_sidecars/*.parquet``). For each file the add action of
-  the highest log version not above the snapshot's wins. Delta exposes no public API that lists
-  files with statistics, and this reads only small log files, never table data. A file whose add
-  action is no longer in the log (cleaned up and absent from checkpoints that store only parsed
-  statistics) reports ``None`` statistics.
-- MERGE materializes its source with ``localCheckpoint(eager=True)``. Clauses use
+- ``create`` sets only table properties the runtime knows. Open-source Delta refuses unknown
+  ``delta.*`` keys (``DELTA_UNKNOWN_CONFIGURATION``), so Databricks-only ones such as
+  ``delta.targetFileSize`` are passed on Databricks only (``DATABRICKS_RUNTIME_VERSION`` set).
+  New tables get deletion vectors (``delta.enableDeletionVectors``, Delta 2.3+; MERGE uses them
+  from 3.1) unless the caller's properties say otherwise: a MERGE or DELETE that touches a few
+  rows of a file marks them deleted instead of rewriting the file. Once a file has a deletion
+  vector the table is for this backend only (the delta-rs backend refuses such files).
+- ``files`` lists a snapshot's data files with statistics. ``DESCRIBE DETAIL`` gives the table's
+  location and id; delta-rs (``deltalake.DeltaTable(location, version).get_add_actions()``, native,
+  no Spark job) reads the add actions when it can open that location and finds the same table id.
+  Otherwise (a location delta-rs has no credentials for, a protocol it cannot read, column
+  mapping) Delta lists the files (``DataFrame.inputFiles()``) and their statistics come from the
+  transaction log read with Spark as data: the newest checkpoint at or below the version (with
+  its v2 sidecars) and the commits after it, or the whole log if one of those is gone; log paths
+  are glob-escaped. Where the log cannot be read either (Unity Catalog managed tables refuse
+  path access), the files are listed without statistics, which callers treat as "may hold any
+  value". Minimums and maximums are bounds (see :func:`file_stats_from_add`); ``num_records``
+  counts live rows (deletion vectors subtracted).
+- ``read(files=...)`` reads the snapshot through Delta (deletion vectors and column mapping are
+  honoured) and keeps the rows whose ``_metadata.file_name`` is one of the named files (Delta
+  data file names carry a UUID, so they are unique within a table). That filter alone skips no
+  file: Delta's file index prunes by predicates on data columns only. So the read also filters
+  on up to two columns by the union of the named files' [min, max] ranges (and ``IS NULL`` where
+  they hold nulls); every row of the named files passes it, so no result changes, and Delta's
+  data skipping leaves out the other files whose ranges lie outside it. A keyed read
+  (:func:`cdc_join.storage.pruning.read_keyed`) therefore opens only its candidate files, also on
+  its semi-join path, where no ``IN`` list reaches Delta.
+- MERGE hands its source to Delta as it is: Delta materializes a MERGE source itself whenever a
+  second evaluation could see other rows (``spark.databricks.delta.merge.materializeSource``,
+  default ``auto``: sources that are not only deterministic Delta scans), which covers the
+  duplicates of delta-io/delta#527; ``localCheckpoint`` would lose its blocks when autoscaling
+  removes executors and does not exist on Spark Connect. Clauses use
   ``whenMatchedUpdateAll``/``whenNotMatchedInsertAll`` when source and target have exactly the
   same columns (or the source adds columns under ``merge_schema``, with
   ``withSchemaEvolution()``); otherwise they use explicit ``set``/``values`` maps over the
   source's written columns. Columns a ``merge_schema`` merge must add while other columns are
-  excluded are added first with ``ALTER TABLE ... ADD COLUMNS``: an explicit assignment to a
-  column the target does not have yet is not something every Delta release evolves.
+  excluded are added first with ``ALTER TABLE ... ADD COLUMNS`` (every identifier, nested ones
+  too, backtick-quoted): an explicit assignment to a column the target does not have yet is not
+  something every Delta release evolves.
 - Source columns the target lacks are ignored without ``merge_schema`` (Delta's documented
   UPDATE SET * / INSERT * behaviour, and what the delta-rs backend does).
-- Metrics: row counts come from the commit's ``operationMetrics`` (``numTargetRowsInserted``
-  etc.); files added/removed from the difference of the snapshot's file lists, as in delta-rs.
-  Delta MERGE reports no files scanned/skipped, so those stay ``None``.
+- MERGE metrics: row counts from the DataFrame ``DeltaMergeBuilder.execute()`` returns
+  (``num_inserted_rows``, ``num_updated_rows``, ``num_deleted_rows``; the commit's
+  ``operationMetrics`` only if a release returns nothing). The version and file counts come from
+  the commit itself, one history entry: files added are the data files written, files removed
+  the files rewritten plus the files given a deletion vector (``numTargetFilesRemoved +
+  numTargetDeletionVectorsAdded``; Delta counts replaced vectors among the added ones). A
+  MERGE that changed nothing may commit nothing (Delta skips empty commits) and keeps the
+  version. Other writes: row counts from the commit's ``operationMetrics``, files added/removed
+  from the difference of the snapshot's file lists, as in delta-rs. Delta MERGE reports no files
+  scanned/skipped, so those stay ``None``.
+- ``optimize(target_size=...)``: OPTIMIZE reads its target file size only from the session
+  (``spark.databricks.delta.optimize.maxFileSize``; the builder has no per-command option), so the
+  setting is made for the one command, under a lock, and the previous value restored (or the
+  key unset) in a ``finally`` block.
+- ``exists`` answers for Delta tables only: a name that resolves to a view is no table.
 - ``read_changes`` clamps the end version to the latest version and returns an empty frame
   for an empty range (Delta itself raises when the start is past the latest version), and
   drops ``_commit_timestamp`` like the delta-rs backend.
@@ -38,19 +72,25 @@ contract tests in ``tests/contract`` run both):
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import date, datetime, timezone
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal, localcontext
+from functools import reduce
 from typing import Any
+from urllib.parse import unquote
 
 import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession
+import pyarrow.compute as pc
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
+    ArrayType,
     BooleanType,
     ByteType,
     DataType,
@@ -60,6 +100,7 @@ from pyspark.sql.types import (
     FloatType,
     IntegerType,
     LongType,
+    MapType,
     ShortType,
     StringType,
     StructType,
@@ -73,10 +114,35 @@ from cdc_join.schemas import changed_types, conform, merge_schemas
 from cdc_join.storage.base import FileStats, MergeSpec, WriteMetrics, is_table_name, quote_table_name
 from cdc_join.storage.delta_rs import normalize_history_entry, stat_upper_bound
 
+_log = logging.getLogger(__name__)
+
 _COMMIT_TIMESTAMP = "_commit_timestamp"
 _OPTIMIZE_MAX_FILE_SIZE = "spark.databricks.delta.optimize.maxFileSize"
-_LOG_ADD_SCHEMA = "add struct<path:string, size:long, stats:string, deletionVector:struct<cardinality:long>>"
-_LEADING_DIGITS = re.compile(r"^(\d+)")
+_LOG_ADD_SCHEMA = (
+    "add struct<path:string, size:long, stats:string, deletionVector:struct<cardinality:long>>, "
+    "sidecar struct<path:string>"
+)
+# Commits and checkpoints are named by their 20-digit version; sidecars by a UUID, whose leading
+# digits are no version.
+_LOG_VERSION = re.compile(r"^(\d{20})\.")
+# Classic (single or part i of n) and v2 (UUID-named manifest) checkpoint files.
+_CHECKPOINT_FILE = re.compile(
+    r"^(\d{20})\.checkpoint(?:\.(\d+)\.(\d+))?(?:\.[0-9A-Fa-f-]+)?\.(?:parquet|json)$"
+)
+_URI_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
+_GLOB_SPECIAL = re.compile(r"([\\*?\[\]{}])")
+_DELETION_VECTORS = "delta.enableDeletionVectors"
+_CHANGE_DATA_FEED = "delta.enableChangeDataFeed"
+# Databricks table properties open-source Delta does not know (DeltaConfigs has no entry).
+_DATABRICKS_ONLY_PROPERTIES = frozenset({"delta.targetfilesize", "delta.tunefilesizesforrewrites"})
+# read(files=...): at most this many columns and ranges per column in the skipping predicate.
+_SKIP_COLUMNS = 2
+_SKIP_RANGES = 32
+_INTEGER_BITS = {ByteType: 8, ShortType: 16, IntegerType: 32, LongType: 64}
+# Snapshots' file lists kept per backend (a keyed read lists a version twice).
+_FILE_LISTS_KEPT = 8
+# OPTIMIZE's target size is a session setting: one OPTIMIZE at a time sets it in this process.
+_SESSION_CONF_LOCK = threading.Lock()
 
 
 def _spark_exception_types() -> tuple[type[BaseException], ...]:
@@ -111,14 +177,105 @@ def _quote(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
+def _ddl_type(data_type: DataType) -> str:
+    """A type as Spark SQL DDL with every nested field name backtick-quoted.
+
+    ``simpleString()`` leaves nested names bare (``struct<a-b:int>``), which SQL cannot parse.
+    """
+    if isinstance(data_type, StructType):
+        fields = ", ".join(f"{_quote(f.name)}: {_ddl_type(f.dataType)}" for f in data_type.fields)
+        return f"STRUCT<{fields}>"
+    if isinstance(data_type, ArrayType):
+        return f"ARRAY<{_ddl_type(data_type.elementType)}>"
+    if isinstance(data_type, MapType):
+        return f"MAP<{_ddl_type(data_type.keyType)}, {_ddl_type(data_type.valueType)}>"
+    return data_type.simpleString()
+
+
 def _basename(file: str) -> str:
     return file.rstrip("/").rsplit("/", 1)[-1]
 
 
 def _log_version(file_name: str | None) -> int:
-    """The log version a ``_delta_log`` file belongs to (sidecars, unnumbered: -1)."""
-    match = _LEADING_DIGITS.match(file_name or "")
+    """The log version a ``_delta_log`` file belongs to (unnumbered files such as sidecars: -1)."""
+    match = _LOG_VERSION.match(file_name or "")
     return int(match.group(1)) if match else -1
+
+
+def _glob_escape(path: str) -> str:
+    """``path`` with Hadoop glob characters escaped: Spark's file readers expand globs in every
+    path they are given, and a table folder may contain ``[``, ``{`` or ``*``."""
+    return _GLOB_SPECIAL.sub(r"\\\1", path)
+
+
+def on_databricks() -> bool:
+    """Whether this process runs in a Databricks runtime."""
+    return bool(os.environ.get("DATABRICKS_RUNTIME_VERSION"))
+
+
+def create_properties(properties: Mapping[str, str] | None, *, cdf: bool, databricks: bool) -> dict[str, str]:
+    """The table properties ``create`` sets: deletion vectors on, the caller's properties (they
+    win; Databricks-only keys are dropped elsewhere), and the change data feed with ``cdf``."""
+    result = {_DELETION_VECTORS: "true"}
+    for key, value in (properties or {}).items():
+        if not databricks and key.lower() in _DATABRICKS_ONLY_PROPERTIES:
+            continue
+        result = {k: v for k, v in result.items() if k.lower() != key.lower()}
+        result[key] = value
+    if cdf:
+        result = {k: v for k, v in result.items() if k.lower() != _CHANGE_DATA_FEED.lower()}
+        result[_CHANGE_DATA_FEED] = "true"
+    return result
+
+
+def _data_file_uri(location: str, add_path: str) -> str:
+    """An add action's ``path`` (URI-encoded; relative to the table unless it has a scheme) as
+    Spark names the file: the table location from ``DESCRIBE DETAIL``, ``/``, the decoded path.
+
+    This is the form ``DataFrame.inputFiles()`` returns, so every way of listing files agrees.
+    """
+    if _URI_SCHEME.match(add_path):
+        return unquote(add_path)
+    return location.rstrip("/") + "/" + unquote(add_path)
+
+
+def _delta_rs_uri(location: str) -> str | None:
+    """Where delta-rs finds the table at a Spark ``location``, or ``None`` if it cannot."""
+    if location.startswith("file:"):
+        rest = location[len("file:") :]
+        return "/" + rest.lstrip("/")
+    if location.startswith("dbfs:"):
+        # Classic Databricks clusters mount DBFS at /dbfs; elsewhere delta-rs cannot reach it.
+        local = "/dbfs/" + location[len("dbfs:") :].lstrip("/")
+        return local if os.path.isdir("/dbfs") else None
+    if "://" in location:
+        return location  # object stores: delta-rs takes credentials from the environment
+    if location.startswith("/"):
+        return location  # the default filesystem; a different table there fails the id check
+    return None
+
+
+def _deleted_rows(table: Any) -> dict[str, int]:
+    """Data file name → rows its deletion vector removes, from a delta-rs table."""
+    if "deletionVectors" not in (table.protocol().reader_features or []):
+        return {}
+    vectors = pa.table(table.deletion_vectors())
+    if not vectors.num_rows:
+        return {}
+    keep = vectors.column("selection_vector").combine_chunks()
+    lengths = pc.list_value_length(keep).to_pylist()
+    flags = pa.table(
+        {"file": pc.list_parent_indices(keep), "kept": pc.cast(pc.list_flatten(keep), pa.int64())}
+    )
+    kept = flags.group_by("file").aggregate([("kept", "sum")])
+    kept_by_file = dict(
+        zip(kept.column("file").to_pylist(), kept.column("kept_sum").to_pylist(), strict=True)
+    )
+    names = vectors.column("filepath").to_pylist()
+    return {
+        _basename(unquote(name)): int(lengths[i] or 0) - int(kept_by_file.get(i) or 0)
+        for i, name in enumerate(names)
+    }
 
 
 def parse_stat(data_type: DataType, value: Any) -> Any:
@@ -177,29 +334,50 @@ def _widen_decimal(value: Decimal | None, data_type: DecimalType, *, upper: bool
 def file_stats_from_add(
     path: str, size: int | None, stats_json: str | None, dv_cardinality: int | None, schema: StructType
 ) -> FileStats:
-    """One :class:`FileStats` from an add action's ``stats`` JSON.
-
-    ``num_records`` counts live rows: the physical ``numRecords`` less the rows a deletion
-    vector removes. Minimums are lower and maximums upper bounds: timestamp maximums are
-    widened for millisecond truncation (:func:`cdc_join.storage.delta_rs.stat_upper_bound`)
-    and decimals wider than 15 digits for double rounding (:func:`_widen_decimal`).
-    """
+    """One :class:`FileStats` from an add action's ``stats`` JSON (see :func:`file_stats_from_values`)."""
     parsed: dict[str, Any] = {}
     if stats_json:
         try:
             parsed = json.loads(stats_json, parse_float=Decimal)
         except ValueError:
             parsed = {}
-    mins = parsed.get("minValues") or {}
-    maxs = parsed.get("maxValues") or {}
-    nulls = parsed.get("nullCount") or {}
-    num_records = parsed.get("numRecords")
-    if num_records is not None:
-        num_records = int(num_records) - int(dv_cardinality or 0)
+    return file_stats_from_values(
+        path,
+        size,
+        parsed.get("numRecords"),
+        dv_cardinality,
+        parsed.get("minValues") or {},
+        parsed.get("maxValues") or {},
+        parsed.get("nullCount") or {},
+        schema,
+    )
+
+
+def file_stats_from_values(
+    path: str,
+    size: int | None,
+    num_records: Any,
+    dv_cardinality: int | None,
+    mins: Mapping[str, Any],
+    maxs: Mapping[str, Any],
+    nulls: Mapping[str, Any],
+    schema: StructType,
+) -> FileStats:
+    """One :class:`FileStats` from an add action's statistics, as JSON values or typed (delta-rs).
+
+    ``num_records`` counts live rows: the physical ``numRecords`` less the rows a deletion
+    vector removes. Minimums are lower and maximums upper bounds: timestamp maximums are
+    widened for millisecond truncation (:func:`cdc_join.storage.delta_rs.stat_upper_bound`)
+    and decimals wider than 15 digits for double rounding (:func:`_widen_decimal`).
+    """
+    live = None
+    if isinstance(num_records, (int, Decimal)) and not isinstance(num_records, bool):
+        live = int(num_records) - int(dv_cardinality or 0)
     null_counts = {}
     for f in schema.fields:
         count = nulls.get(f.name)
-        null_counts[f.name] = int(count) if isinstance(count, (int, Decimal)) else None
+        valid = isinstance(count, (int, Decimal)) and not isinstance(count, bool)
+        null_counts[f.name] = int(count) if valid else None
     min_values: dict[str, Any] = {}
     max_values: dict[str, Any] = {}
     for f in schema.fields:
@@ -213,11 +391,181 @@ def file_stats_from_add(
     return FileStats(
         path=path,
         size_bytes=int(size or 0),
-        num_records=num_records,
+        num_records=live,
         min_values=min_values,
         max_values=max_values,
         null_counts=null_counts,
     )
+
+
+# ------------------------------------------------------------------ skipping by file ranges
+
+
+@dataclass(frozen=True)
+class SkipRanges:
+    """A predicate every row of some data files satisfies: ``column`` lies in one of
+    ``intervals`` (closed, sorted, disjoint), or is null when ``nulls``."""
+
+    column: str
+    intervals: tuple[tuple[Any, Any], ...]
+    nulls: bool
+
+
+def _skippable(data_type: DataType) -> bool:
+    """Types whose statistics are exact bounds and compare in Spark as in Python.
+
+    Floating point is left out (NaN and -0.0 order differently), so are collated strings.
+    """
+    if isinstance(data_type, StringType):
+        return data_type == StringType()
+    return isinstance(
+        data_type,
+        (ByteType, ShortType, IntegerType, LongType, DecimalType, DateType, TimestampType, TimestampNTZType),
+    )
+
+
+def _merge_intervals(intervals: list[tuple[Any, Any]], limit: int) -> tuple[tuple[Any, Any], ...]:
+    """Overlapping intervals joined; beyond ``limit``, neighbours joined into ``limit`` spans."""
+    merged: list[tuple[Any, Any]] = []
+    for low, high in sorted(intervals, key=lambda i: i[0]):
+        if merged and low <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], high))
+        else:
+            merged.append((low, high))
+    if len(merged) <= limit:
+        return tuple(merged)
+    per_span = -(-len(merged) // limit)
+    return tuple(
+        (merged[i][0], merged[min(i + per_span, len(merged)) - 1][1]) for i in range(0, len(merged), per_span)
+    )
+
+
+def _outside(file: FileStats, ranges: SkipRanges) -> bool:
+    """Whether Delta's data skipping can prove no row of ``file`` satisfies ``ranges``."""
+    low, high = file.min_values.get(ranges.column), file.max_values.get(ranges.column)
+    if low is None or high is None:
+        return False
+    if ranges.nulls and file.null_counts.get(ranges.column) != 0:
+        return False
+    return all(high < a or low > b for a, b in ranges.intervals)
+
+
+def skipping_ranges(
+    schema: StructType,
+    chosen: Sequence[FileStats],
+    others: Sequence[FileStats],
+    *,
+    max_columns: int = _SKIP_COLUMNS,
+    max_ranges: int = _SKIP_RANGES,
+) -> list[SkipRanges]:
+    """Column ranges that hold for every row of the ``chosen`` files and let Delta skip as many
+    of the ``others`` as possible (columns picked greedily; none if no column skips a file).
+
+    A column qualifies only if every chosen file has both its bounds; nulls are admitted where
+    a chosen file has nulls or does not say.
+    """
+    candidates: list[tuple[SkipRanges, set[str]]] = []
+    for field in schema.fields:
+        if not _skippable(field.dataType):
+            continue
+        name = field.name
+        bounds = [(f.min_values.get(name), f.max_values.get(name)) for f in chosen]
+        if not bounds or any(low is None or high is None for low, high in bounds):
+            continue
+        nulls = any(f.null_counts.get(name) != 0 for f in chosen)
+        try:
+            ranges = SkipRanges(name, _merge_intervals(bounds, max_ranges), nulls)
+            skipped = {f.path for f in others if _outside(f, ranges)}
+        except TypeError:  # statistics of mixed types: not comparable, not usable
+            continue
+        if skipped:
+            candidates.append((ranges, skipped))
+    picked: list[SkipRanges] = []
+    covered: set[str] = set()
+    while candidates and len(picked) < max_columns:
+        best = max(candidates, key=lambda c: len(c[1] - covered))
+        if not best[1] - covered:
+            break
+        picked.append(best[0])
+        covered |= best[1]
+        candidates.remove(best)
+    return picked
+
+
+def _stat_literal(data_type: DataType, value: Any, *, upper: bool) -> Column | None:
+    """A statistic as a literal of the column's own type (no coercion), ``None`` if it has none."""
+    if isinstance(data_type, DecimalType):
+        if not isinstance(value, Decimal) or not value.is_finite():
+            return None
+        with localcontext() as ctx:
+            ctx.prec = 100
+            step = Decimal(1).scaleb(-data_type.scale)
+            exact = value.quantize(step, rounding=ROUND_CEILING if upper else ROUND_FLOOR)
+            if abs(exact) >= Decimal(10) ** (data_type.precision - data_type.scale):
+                return None
+        return F.lit(format(exact, "f")).cast(data_type)
+    if isinstance(data_type, TimestampType) and isinstance(value, datetime):
+        moment = value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+        return F.lit(moment.astimezone(timezone.utc).isoformat()).cast(data_type)
+    if isinstance(data_type, TimestampNTZType) and isinstance(value, datetime):
+        return F.lit(value.replace(tzinfo=None).isoformat()).cast(data_type)
+    if isinstance(data_type, DateType) and isinstance(value, date) and not isinstance(value, datetime):
+        return F.lit(value.isoformat()).cast(data_type)
+    if isinstance(data_type, (ByteType, ShortType, IntegerType, LongType)) and isinstance(value, int):
+        bits = _INTEGER_BITS[type(data_type)]
+        # An out-of-range cast fails the query under ANSI mode (Spark 4's default).
+        return F.lit(value).cast(data_type) if -(2 ** (bits - 1)) <= value < 2 ** (bits - 1) else None
+    if isinstance(data_type, StringType) and isinstance(value, str):
+        try:
+            value.encode("utf-8")  # a lone surrogate cannot reach the JVM
+        except UnicodeEncodeError:
+            return None
+        return F.lit(value)
+    return None
+
+
+def _ranges_predicate(schema: StructType, all_ranges: Sequence[SkipRanges]) -> Column | None:
+    """``all_ranges`` as one Spark predicate (columns whose bounds have no literal are left out)."""
+    conjuncts = []
+    for ranges in all_ranges:
+        data_type = schema[ranges.column].dataType
+        column = F.col(_quote(ranges.column))
+        legs = []
+        for low, high in ranges.intervals:
+            lo = _stat_literal(data_type, low, upper=False)
+            hi = _stat_literal(data_type, high, upper=True)
+            if lo is None or hi is None:
+                legs = []
+                break
+            legs.append((column >= lo) & (column <= hi))
+        if not legs:
+            continue
+        if ranges.nulls:
+            legs.append(column.isNull())
+        conjuncts.append(reduce(lambda a, b: a | b, legs))
+    return reduce(lambda a, b: a & b, conjuncts) if conjuncts else None
+
+
+@contextmanager
+def _session_conf(spark: SparkSession, key: str, value: str | None) -> Iterator[None]:
+    """Set a session setting for the block, then put back what was there (or unset it).
+
+    Under a process-wide lock, so two threads of this process never interleave set and restore.
+    """
+    if value is None:
+        yield
+        return
+    with _SESSION_CONF_LOCK:
+        # With a default, get() returns it unless the key was explicitly set: None means unset.
+        previous = spark.conf.get(key, None)
+        spark.conf.set(key, value)
+        try:
+            yield
+        finally:
+            if previous is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, previous)
 
 
 @dataclass(frozen=True)
@@ -272,6 +620,11 @@ class DeltaSparkStorage:
 
     def __init__(self, spark: SparkSession) -> None:
         self.spark = spark
+        # (location, table id, version) → its files: a version's files never change.
+        self._file_lists: dict[tuple[str, str | None, int], list[FileStats]] = {}
+        # Locations delta-rs failed to open: not tried again (an object store without
+        # credentials can make every attempt wait for credential lookups to time out).
+        self._delta_rs_failed: set[str] = set()
 
     # ------------------------------------------------------------------ helpers
 
@@ -291,8 +644,15 @@ class DeltaSparkStorage:
         """The table's folder (named tables: from DESCRIBE DETAIL), for reading its log."""
         if not is_table_name(path):
             return self._location(path)
+        return self._detail(path)[0]
+
+    def _detail(self, path: str) -> tuple[str, str | None]:
+        """The table's location as Spark qualifies it, and its id, from ``DESCRIBE DETAIL``."""
         with _spark_errors("describe", path):
-            return str(self.spark.sql(f"DESCRIBE DETAIL {self._sql_ref(path)}").select("location").head()[0])
+            row = self.spark.sql(f"DESCRIBE DETAIL {self._sql_ref(path)}").select("location", "id").head()
+        if row is None or row["location"] is None:
+            raise StorageError(f"DESCRIBE DETAIL names no location for the Delta table at {path}")
+        return str(row["location"]), None if row["id"] is None else str(row["id"])
 
     def _delta_table(self, path: str) -> Any:
         from delta.tables import DeltaTable
@@ -357,45 +717,25 @@ class DeltaSparkStorage:
             **counts,
         )
 
-    def _log_adds(self, path: str, version: int, names: set[str]) -> dict[str, Any]:
-        """The latest add action (at or below ``version``) of each data file named in ``names``."""
+    def _log_adds(
+        self, path: str, version: int, names: set[str], location: str | None = None
+    ) -> dict[str, Any]:
+        """The latest add action (at or below ``version``) of each data file named in ``names``.
+
+        Reads the newest complete checkpoint at or below ``version`` (with the sidecars a v2
+        checkpoint lists) and the commits after it up to ``version``, or every commit up to
+        ``version`` when there is no such checkpoint; if one of those files is gone, the whole
+        log (the slow path).
+        """
         if not names:
             return {}
-        log = self._storage_location(path).rstrip("/") + "/_delta_log"
-        sources = (
-            ("json", f"{log}/*.json"),
-            ("parquet", f"{log}/*.checkpoint*.parquet"),
-            ("parquet", f"{log}/_sidecars/*.parquet"),
-        )
-        frames = []
-        for fmt, pattern in sources:
-            reader = self.spark.read.schema(_LOG_ADD_SCHEMA)
-            try:
-                frame = reader.json(pattern) if fmt == "json" else reader.parquet(pattern)
-            except Exception as exc:
-                # A glob that matches nothing (no checkpoint yet, no sidecars) is an
-                # AnalysisException at load time; anything else is a real failure.
-                if "PATH_NOT_FOUND" in str(exc) or "Path does not exist" in str(exc):
-                    continue
-                raise StorageError(f"Cannot read the transaction log of {path}: {exc}") from exc
-            frames.append(
-                frame.where(F.col("add").isNotNull()).select(
-                    F.col("add.path").alias("path"),
-                    F.col("add.size").alias("size"),
-                    F.col("add.stats").alias("stats"),
-                    F.col("add.deletionVector.cardinality").alias("dv_cardinality"),
-                    F.col("_metadata.file_name").alias("log_file"),
-                )
-            )
-        if not frames:
-            return {}
-        adds = frames[0]
-        for frame in frames[1:]:
-            adds = adds.unionByName(frame)
-        name_of = F.element_at(F.split(F.col("path"), "/"), -1)
-        rows = adds.withColumn("name", name_of).where(F.col("name").isin(sorted(names))).collect()
+        log = (location or self._storage_location(path)).rstrip("/") + "/_delta_log"
+        checkpoint = self._checkpoint_version(path, log, version)
+        rows = self._log_add_rows(path, log, names, checkpoint, version)
+        if rows is None:
+            rows = self._log_add_rows(path, log, names, None, None)
         latest: dict[str, tuple[int, Any]] = {}
-        for row in rows:
+        for row in rows or []:
             log_version = _log_version(row["log_file"])
             if log_version > version:
                 continue
@@ -405,15 +745,136 @@ class DeltaSparkStorage:
                 latest[name] = (log_version, row)
         return {name: row for name, (_, row) in latest.items()}
 
+    def _checkpoint_version(self, path: str, log: str, version: int) -> int | None:
+        """The newest checkpoint at or below ``version`` with all its parts, from the names of the
+        checkpoint files (``_last_checkpoint`` cannot be read with Spark: its file index leaves
+        out every file whose name starts with ``_``)."""
+        try:
+            listing = self.spark.read.format("binaryFile").load(f"{_glob_escape(log)}/*.checkpoint*")
+        except _spark_exception_types() as exc:
+            if "PATH_NOT_FOUND" in str(exc) or "Path does not exist" in str(exc):
+                return None
+            raise StorageError(f"Cannot list the checkpoints of {path}: {exc}") from exc
+        with _spark_errors("list the checkpoints of", path):
+            # Without the content column binaryFile reads no file, it only lists them.
+            files = [_basename(str(r["path"])) for r in listing.select("path").collect()]
+        parts: dict[int, set[int]] = {}
+        complete: set[int] = set()
+        for name in files:
+            match = _CHECKPOINT_FILE.match(name)
+            if match is None:
+                continue
+            checkpoint = int(match.group(1))
+            if match.group(2) is None:
+                complete.add(checkpoint)  # single-file classic or v2 checkpoint
+                continue
+            parts.setdefault(checkpoint, set()).add(int(match.group(2)))
+            if len(parts[checkpoint]) == int(match.group(3)):
+                complete.add(checkpoint)
+        usable = [c for c in complete if c <= version]
+        return max(usable) if usable else None
+
+    def _log_add_rows(
+        self, path: str, log: str, names: set[str], checkpoint: int | None, version: int | None
+    ) -> list[Any] | None:
+        """Add actions of ``names`` with the log file each came from.
+
+        ``checkpoint`` and ``version`` bound the read to that checkpoint (with the sidecars a v2
+        checkpoint lists) and the commits after it up to ``version`` (no checkpoint: from 0);
+        ``version=None`` reads the whole log. Returns ``None`` when a bounded read misses a file
+        it needs.
+        """
+        escaped = _glob_escape(log)
+        if version is None:
+            frames = self._read_log(path, "json", [f"{escaped}/*.json"], _LOG_ADD_SCHEMA)
+            frames += self._read_log(path, "parquet", [f"{escaped}/*.checkpoint*.parquet"], _LOG_ADD_SCHEMA)
+            frames += self._read_log(path, "parquet", [f"{escaped}/_sidecars/*.parquet"], _LOG_ADD_SCHEMA)
+        else:
+            frames = []
+            if checkpoint is not None:
+                prefix = f"{escaped}/{checkpoint:020d}.checkpoint"
+                frames += self._read_log(path, "parquet", [f"{prefix}*.parquet"], _LOG_ADD_SCHEMA)
+                frames += self._read_log(path, "json", [f"{prefix}.*.json"], _LOG_ADD_SCHEMA)
+                if not frames:
+                    return None
+            first = 0 if checkpoint is None else checkpoint + 1
+            commits = [f"{escaped}/{v:020d}.json" for v in range(first, version + 1)]
+            if commits:
+                found = self._read_log(path, "json", commits, _LOG_ADD_SCHEMA)
+                if not found:
+                    return None
+                frames += found
+        rows = self._collect_adds(path, frames, names, with_sidecars=version is not None)
+        if version is None or checkpoint is None:
+            return [r for r in rows if r["sidecar"] is None]
+        sidecars = sorted({r["sidecar"] for r in rows if r["sidecar"] is not None})
+        if sidecars:
+            patterns = [
+                _glob_escape(unquote(s))
+                if _URI_SCHEME.match(s)
+                else f"{escaped}/_sidecars/{_glob_escape(unquote(s))}"
+                for s in sidecars
+            ]
+            found = self._read_log(path, "parquet", patterns, _LOG_ADD_SCHEMA)
+            if not found:
+                return None
+            # Sidecar file names carry no version: their adds are the checkpoint's.
+            named = [f.withColumn("log_file", F.lit(f"{checkpoint:020d}.checkpoint.sidecar")) for f in found]
+            rows += self._collect_adds(path, named, names, with_sidecars=False)
+        return [r for r in rows if r["sidecar"] is None]
+
+    def _collect_adds(
+        self, path: str, frames: list[DataFrame], names: set[str], *, with_sidecars: bool
+    ) -> list[Any]:
+        """The add actions of ``names`` in ``frames`` (and, ``with_sidecars``, the sidecar files
+        that v2 checkpoints among them list), in one Spark job."""
+        if not frames:
+            return []
+        log = reduce(lambda a, b: a.unionByName(b), frames)
+        name_of = F.element_at(F.split(F.col("add.path"), "/"), -1)
+        wanted = F.col("add").isNotNull() & name_of.isin(sorted(names))
+        if with_sidecars:
+            wanted = wanted | F.col("sidecar").isNotNull()
+        with _spark_errors("read the transaction log of", path):
+            return (
+                log.where(wanted)
+                .select(
+                    F.col("add.path").alias("path"),
+                    F.col("add.size").alias("size"),
+                    F.col("add.stats").alias("stats"),
+                    F.col("add.deletionVector.cardinality").alias("dv_cardinality"),
+                    F.col("log_file"),
+                    name_of.alias("name"),
+                    F.col("sidecar.path").alias("sidecar"),
+                )
+                .collect()
+            )
+
+    def _read_log(self, path: str, fmt: str, patterns: list[str], schema: str) -> list[DataFrame]:
+        """``patterns`` (glob-escaped) read as JSON or parquet: one frame, or none if no file matched."""
+        reader = self.spark.read.schema(schema)
+        try:
+            frame = reader.json(patterns) if fmt == "json" else reader.parquet(*patterns)
+        except _spark_exception_types() as exc:
+            # A path that matches nothing is an AnalysisException at load time; anything else
+            # (no permission to read the log, ...) is a real failure.
+            if "PATH_NOT_FOUND" in str(exc) or "Path does not exist" in str(exc):
+                return []
+            raise StorageError(f"Cannot read the transaction log of {path}: {exc}") from exc
+        return [frame.withColumn("log_file", F.col("_metadata.file_name"))]
+
     # ------------------------------------------------------------------ protocol
 
     def exists(self, path: str) -> bool:
-        """Whether a Delta table is at ``path``."""
+        """Whether a Delta table is at ``path`` (a name that resolves to a view is no table)."""
         from delta.tables import DeltaTable
 
         with _spark_errors("probe", path):
             if is_table_name(path):
-                return bool(self.spark.catalog.tableExists(path))
+                if not self.spark.catalog.tableExists(path):
+                    return False
+                table = self.spark.catalog.getTable(path)
+                return not (table.isTemporary or "VIEW" in str(table.tableType or "").upper())
             return bool(DeltaTable.isDeltaTable(self.spark, self._location(path)))
 
     def create(
@@ -424,7 +885,10 @@ class DeltaSparkStorage:
         cdf: bool = True,
         properties: Mapping[str, str] | None = None,
     ) -> bool:
-        """Create an empty table if none is at ``path``; return whether this call created it."""
+        """Create an empty table if none is at ``path``; return whether this call created it.
+
+        Properties the runtime does not know are left out (see :func:`create_properties`).
+        """
         from delta.tables import DeltaTable
 
         if self.exists(path):
@@ -432,10 +896,8 @@ class DeltaSparkStorage:
         builder = DeltaTable.createIfNotExists(self.spark)
         builder = builder.tableName(path) if is_table_name(path) else builder.location(self._location(path))
         builder = builder.addColumns(schema)
-        for key, value in (properties or {}).items():
+        for key, value in create_properties(properties, cdf=cdf, databricks=on_databricks()).items():
             builder = builder.property(key, value)
-        if cdf:
-            builder = builder.property("delta.enableChangeDataFeed", "true")
         with _spark_errors("create", path):
             builder.execute()
         return True
@@ -451,22 +913,32 @@ class DeltaSparkStorage:
         return self._snapshot(path).schema
 
     def read(self, path: str, version: int | None = None, files: Sequence[str] | None = None) -> DataFrame:
-        """The snapshot at ``version`` (default latest), optionally only the rows of ``files``."""
-        df = self._snapshot(path, version)
+        """The snapshot at ``version`` (default latest), optionally only the rows of ``files``.
+
+        With ``files`` the snapshot's version is fixed first, so the names are checked against
+        the version that is read; the read carries the file ranges' predicate (module docstring).
+        """
         if files is None:
-            return df
-        with _spark_errors("list the files of", path):
-            present = {_basename(f) for f in df.inputFiles()}
-        wanted = []
+            return self._snapshot(path, version)
+        resolved = self.version(path) if version is None else int(version)
+        df = self._snapshot(path, resolved)
+        listed = self.files(path, resolved)
+        by_name = {_basename(f.path): f for f in listed}
+        wanted: dict[str, FileStats] = {}
         for file in files:
             name = _basename(file)
-            if name not in present:
+            if name not in by_name:
                 where = "the latest version" if version is None else f"version {version}"
                 raise StorageError(f"{file} is not a data file of {where} of the Delta table at {path}")
-            wanted.append(name)
+            wanted[name] = by_name[name]
         if not wanted:
             return df.where(F.lit(False))
-        return df.where(F.col("_metadata.file_name").isin(sorted(set(wanted))))
+        if len(wanted) == len(by_name):
+            return df
+        others = [f for name, f in by_name.items() if name not in wanted]
+        exact = F.col("_metadata.file_name").isin(sorted(wanted))
+        ranges = _ranges_predicate(df.schema, skipping_ranges(df.schema, list(wanted.values()), others))
+        return df.where(exact if ranges is None else ranges & exact)
 
     def read_arrow(
         self, path: str, columns: Sequence[str] | None = None, files: Sequence[str] | None = None
@@ -476,13 +948,80 @@ class DeltaSparkStorage:
         return to_arrow(df.select(*[_quote(c) for c in columns]) if columns is not None else df)
 
     def files(self, path: str, version: int | None = None) -> list[FileStats]:
-        """The snapshot's data files with statistics of the top-level columns from the log."""
+        """The snapshot's data files with statistics of the top-level columns.
+
+        delta-rs reads the add actions where it can open the table's location; otherwise Delta
+        lists the files and Spark reads their statistics from the log (module docstring).
+        """
         resolved = self.version(path) if version is None else int(version)
-        df = self._snapshot(path, resolved)
+        location, table_id = self._detail(path)
+        key = (location, table_id, resolved)
+        cached = self._file_lists.get(key)
+        if cached is None:
+            cached = self._files_from_delta_rs(path, location, table_id, resolved)
+            if cached is None:
+                cached = self._files_from_log(path, location, resolved)
+            self._file_lists[key] = cached
+            while len(self._file_lists) > _FILE_LISTS_KEPT:
+                self._file_lists.pop(next(iter(self._file_lists)))
+        return list(cached)
+
+    def _files_from_delta_rs(
+        self, path: str, location: str, table_id: str | None, version: int
+    ) -> list[FileStats] | None:
+        """The files of ``version`` as delta-rs reads them from the log, or ``None`` where it cannot
+        (or where what it opens is not this table)."""
+        uri = _delta_rs_uri(location)
+        if uri is None or location in self._delta_rs_failed:
+            return None
+        try:
+            from deltalake import DeltaTable as DeltaRsTable
+
+            table = DeltaRsTable(uri, version=version)
+            meta = table.metadata()
+            if table_id is not None and meta.id != table_id:
+                return None
+            # With column mapping the log's statistics are keyed by physical names.
+            if meta.configuration.get("delta.columnMapping.mode", "none") != "none":
+                return None
+            schema = StructType.fromJson(json.loads(table.schema().to_json()))
+            adds = pa.table(table.get_add_actions(flatten=False)).to_pylist()
+            deleted = _deleted_rows(table)
+        except BaseException as exc:  # any failure here only means: use Spark's log reader
+            # delta-rs reports some failures as pyo3's PanicException, which is no Exception.
+            if not isinstance(exc, Exception) and type(exc).__name__ != "PanicException":
+                raise
+            _log.info(
+                "delta-rs cannot list the files of %s (%s), Spark reads its log: %s", path, location, exc
+            )
+            self._delta_rs_failed.add(location)
+            return None
+        return [
+            file_stats_from_values(
+                _data_file_uri(location, add["path"]),
+                add.get("size_bytes"),
+                add.get("num_records"),
+                deleted.get(_basename(unquote(add["path"]))),
+                add.get("min") or {},
+                add.get("max") or {},
+                add.get("null_count") or {},
+                schema,
+            )
+            for add in adds
+        ]
+
+    def _files_from_log(self, path: str, location: str, version: int) -> list[FileStats]:
+        """The files of ``version`` as Delta lists them, with statistics from the log where it
+        can be read (else none: Unity Catalog refuses path access to managed tables' logs)."""
+        df = self._snapshot(path, version)
         schema = df.schema
         with _spark_errors("list the files of", path):
             live = list(df.inputFiles())
-        adds = self._log_adds(path, resolved, {_basename(f) for f in live})
+        try:
+            adds = self._log_adds(path, version, {_basename(f) for f in live}, location)
+        except StorageError as exc:
+            _log.warning("No file statistics for %s, its transaction log cannot be read: %s", path, exc)
+            adds = {}
         result = []
         for file in live:
             add = adds.get(_basename(file))
@@ -557,23 +1096,27 @@ class DeltaSparkStorage:
     def merge(
         self, path: str, source: DataFrame, spec: MergeSpec, *, expected_version: int | None = None
     ) -> WriteMetrics:
-        """MERGE ``source`` (materialized first) into the table as ``spec`` says."""
+        """MERGE ``source`` into the table as ``spec`` says (Delta materializes the source when it
+        must, see the module docstring)."""
         if spec.delete_condition is None and not spec.update and not spec.insert:
             raise ValueError("MergeSpec has no clause: set delete_condition, update or insert")
-        self._check_version(path, expected_version)
-        table = self._delta_table(path)
-        before = self._file_set(path)
+        before = self.version(path)
+        if expected_version is not None and before != expected_version:
+            raise ConcurrentRunError(
+                f"the Delta table at {path} moved past version {expected_version}: another writer "
+                "committed to it first"
+            )
         target_columns = self._snapshot(path).columns
-        with _spark_errors("materialize the merge source for", path):
-            # Evaluated once, here: MERGE's passes then all see the same rows (delta-io/delta#527).
-            materialized = source.localCheckpoint(eager=True)
-        plan = plan_merge(materialized.columns, target_columns, spec)
+        plan = plan_merge(source.columns, target_columns, spec)
         if plan.add_columns:
-            fields = {f.name: f for f in materialized.schema.fields}
-            columns = ", ".join(f"{_quote(c)} {fields[c].dataType.simpleString()}" for c in plan.add_columns)
+            fields = {f.name: f for f in source.schema.fields}
+            columns = ", ".join(f"{_quote(c)} {_ddl_type(fields[c].dataType)}" for c in plan.add_columns)
             with _spark_errors("add columns to", path):
                 self.spark.sql(f"ALTER TABLE {self._sql_ref(path)} ADD COLUMNS ({columns})")
-        builder = table.alias("t").merge(materialized.alias("s"), spec.on)
+            before = self.version(path)
+        # Opened after any ALTER TABLE, so the merge is analysed against the current schema.
+        table = self._delta_table(path)
+        builder = table.alias("t").merge(source.alias("s"), spec.on)
         if spec.delete_condition is not None:
             builder = builder.whenMatchedDelete(condition=spec.delete_condition)
         if spec.update and (plan.star or plan.assignments):
@@ -593,15 +1136,56 @@ class DeltaSparkStorage:
         if plan.evolve:
             builder = builder.withSchemaEvolution()
         with _spark_errors("merge into", path):
-            builder.execute()
-        return self._metrics_after(
-            path,
-            before,
-            {
-                "rows_inserted": "numTargetRowsInserted",
-                "rows_updated": "numTargetRowsUpdated",
-                "rows_deleted": "numTargetRowsDeleted",
-            },
+            result = builder.execute()
+            # One row: num_affected_rows, num_updated_rows, num_deleted_rows, num_inserted_rows.
+            # None from releases whose execute() returned nothing; no row when Delta found the
+            # merge already committed (idempotent writes).
+            counts = result.head() if result is not None else None
+        return self._merge_metrics(path, before, counts)
+
+    def _merge_metrics(self, path: str, before: int, counts: Any) -> WriteMetrics:
+        """Metrics of the MERGE just run from the version ``before``: rows from ``counts`` (the
+        row execute() returned; the commit's ``operationMetrics`` without one), version and
+        files from the commit."""
+        entries = self.history(path, 1)
+        commit = entries[0] if entries else {}
+        version = int(commit.get("version", before))
+        ours = version == before + 1 and commit.get("operation") == "MERGE"
+        raw = dict(commit.get("operationMetrics", {})) if ours else {}
+        returned = counts.asDict() if counts is not None else {}
+        if all(
+            returned.get(k) is not None for k in ("num_inserted_rows", "num_updated_rows", "num_deleted_rows")
+        ):
+            rows = {
+                "rows_inserted": _int_or_none(returned["num_inserted_rows"]),
+                "rows_updated": _int_or_none(returned["num_updated_rows"]),
+                "rows_deleted": _int_or_none(returned["num_deleted_rows"]),
+            }
+        else:
+            rows = {
+                "rows_inserted": _int_or_none(raw.get("numTargetRowsInserted")),
+                "rows_updated": _int_or_none(raw.get("numTargetRowsUpdated")),
+                "rows_deleted": _int_or_none(raw.get("numTargetRowsDeleted")),
+            }
+        if version == before:
+            # Delta skips the commit of a MERGE that changed nothing.
+            files_added: int | None = 0
+            files_removed: int | None = 0
+        elif ours:
+            files_added = _int_or_none(raw.get("numTargetFilesAdded"))
+            rewritten = _int_or_none(raw.get("numTargetFilesRemoved"))
+            # A file that keeps some rows gets a deletion vector instead of a rewrite: its add
+            # action is replaced all the same (Delta counts updated vectors in "added").
+            marked = _int_or_none(raw.get("numTargetDeletionVectorsAdded")) or 0
+            files_removed = None if rewritten is None else rewritten + marked
+        else:
+            files_added = files_removed = None  # another writer committed after this merge
+        return WriteMetrics(
+            version=version,
+            files_added=files_added,
+            files_removed=files_removed,
+            extra={"operation": commit.get("operation") if ours else None, "metrics": raw},
+            **rows,
         )
 
     def delete(self, path: str, predicate: str | None = None) -> WriteMetrics:
@@ -636,7 +1220,7 @@ class DeltaSparkStorage:
                 return True
             for parts, dtype in changed:
                 column = ".".join(_quote(p) for p in parts)
-                self.spark.sql(f"ALTER TABLE {ref} ALTER COLUMN {column} TYPE {dtype.simpleString()}")
+                self.spark.sql(f"ALTER TABLE {ref} ALTER COLUMN {column} TYPE {_ddl_type(dtype)}")
             if self.schema(path) != target:  # new columns: an empty append with schema merging
                 empty = self.spark.createDataFrame([], target)
                 self._save(empty.write.format("delta").mode("append").option("mergeSchema", "true"), path)
@@ -663,26 +1247,18 @@ class DeltaSparkStorage:
     ) -> WriteMetrics:
         """Z-order by ``zorder_by`` when given, else compact small files (no data change).
 
-        ``target_size`` sets ``spark.databricks.delta.optimize.maxFileSize`` for this call.
+        ``target_size`` is ``spark.databricks.delta.optimize.maxFileSize`` for this command only:
+        the session's setting is put back afterwards (:func:`_session_conf`).
         """
         table = self._delta_table(path)
         before = self._file_set(path)
-        previous = self.spark.conf.get(_OPTIMIZE_MAX_FILE_SIZE, None)
-        if target_size is not None:
-            self.spark.conf.set(_OPTIMIZE_MAX_FILE_SIZE, str(int(target_size)))
-        try:
-            with _spark_errors("optimize", path):
-                optimizer = table.optimize()
-                result = (
-                    optimizer.executeZOrderBy(list(zorder_by)) if zorder_by else optimizer.executeCompaction()
-                )
-                row = result.head()
-        finally:
-            if target_size is not None:
-                if previous is None:
-                    self.spark.conf.unset(_OPTIMIZE_MAX_FILE_SIZE)
-                else:
-                    self.spark.conf.set(_OPTIMIZE_MAX_FILE_SIZE, previous)
+        size = None if target_size is None else str(int(target_size))
+        with _spark_errors("optimize", path), _session_conf(self.spark, _OPTIMIZE_MAX_FILE_SIZE, size):
+            optimizer = table.optimize()
+            result = (
+                optimizer.executeZOrderBy(list(zorder_by)) if zorder_by else optimizer.executeCompaction()
+            )
+            row = result.head()
         stats = (
             row["metrics"].asDict(recursive=True) if row is not None and row["metrics"] is not None else {}
         )

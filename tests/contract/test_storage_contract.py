@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import itertools
 import random
+import uuid
 from datetime import date, datetime, timedelta, timezone
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
+from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
@@ -31,6 +34,8 @@ from pyspark.sql.types import (
 
 from cdc_join.errors import StorageError
 from cdc_join.storage import MergeSpec, Storage, get_storage
+from cdc_join.storage.base import FileStats
+from cdc_join.storage.pruning import read_keyed
 from cdc_join.storage.select import ENV_VAR, delta_jars_available
 
 BACKENDS = ["delta-rs", "delta-spark"]
@@ -53,6 +58,15 @@ def store(request, spark) -> Storage:
         if not available:
             pytest.skip(f"delta-spark backend: {reason}")
     return get_storage(spark, name)
+
+
+@pytest.fixture
+def spark_store(spark) -> Storage:
+    """The delta-spark backend alone, for checks of how it calls Delta (skipped without the jars)."""
+    available, reason = delta_jars_available(spark)
+    if not available:
+        pytest.skip(f"delta-spark backend: {reason}")
+    return get_storage(spark, "delta-spark")
 
 
 def rows(df, *order_by: str) -> list[dict]:
@@ -773,3 +787,467 @@ def test_delta_spark_log_reader_matches_delta_rs(spark, tmp_path):
     for commit in (tmp_path / "t" / "_delta_log").glob("*.json"):
         commit.unlink()
     assert len(from_log(3)) == 2
+
+
+# --------------------------------------------------------------------------- how delta-spark calls Delta
+# Contracts both backends keep, then checks of the delta-spark calls themselves (skipped where the
+# Delta jars do not load), then its pure parts (run everywhere).
+
+OPTIMIZE_MAX_FILE_SIZE = "spark.databricks.delta.optimize.maxFileSize"
+
+
+def table_properties(spark, path: str) -> dict[str, str]:
+    return {r["key"]: r["value"] for r in spark.sql(f"SHOW TBLPROPERTIES delta.`{path}`").collect()}
+
+
+def data_file(root: Path, file: str) -> Path:
+    """The local file of a data file named as ``files()`` names it."""
+    (found,) = root.rglob(file.rstrip("/").rsplit("/", 1)[-1])
+    return found
+
+
+def test_create_with_a_databricks_only_property(store, spark, tmp_path, monkeypatch):
+    # Tables are created with delta.targetFileSize (cdc_join.tables); open-source Delta does not
+    # know it and must still create them.
+    monkeypatch.delenv("DATABRICKS_RUNTIME_VERSION", raising=False)
+    path = str(tmp_path / "t")
+    assert store.create(path, KV, properties={"delta.targetFileSize": "16384"}) is True
+    store.append(path, spark.createDataFrame([(1, 1, "a")], KV_DDL))
+    assert rows(store.read(path)) == [{"id": 1, "seq": 1, "v": "a"}]
+
+
+def test_keyed_read_opens_only_the_files_it_needs(store, spark, tmp_path):
+    path = str(tmp_path / "t")
+    kv_table(store, spark, path)
+    for lo in (0, 100, 200):
+        store.append(path, spark.createDataFrame([(lo + i, 1, "x") for i in range(10)], KV_DDL).coalesce(1))
+    files = sorted(store.files(path), key=lambda f: f.min_values["id"])
+    assert len(files) == 3
+    # Without the first and the last file's data, a read that opens either of them fails.
+    for f in (files[0], files[2]):
+        data_file(tmp_path / "t", f.path).unlink()
+
+    assert sorted(r["id"] for r in store.read(path, files=[files[1].path]).collect()) == list(range(100, 110))
+    keys = spark.createDataFrame([(101,), (105,), (999,)], "k long")
+    # Without values on the driver read_keyed semi-joins: only the file list can skip files.
+    found, stats = read_keyed(store, path, keys, [("id", "k")])
+    assert sorted(r["id"] for r in found.collect()) == [101, 105]
+    assert (stats.files_scanned, stats.files_total) == (1, 3)
+    found, stats = read_keyed(store, path, keys, [("id", "k")], values=[101, 105, 999])
+    assert sorted(r["id"] for r in found.collect()) == [101, 105]
+    assert stats.files_scanned == 1
+
+
+def test_merge_metrics_are_the_rows_it_changed(store, spark, tmp_path):
+    path = str(tmp_path / "t")
+    kv_table(store, spark, path, [(i, 1, "a") for i in range(1, 7)])
+    source = spark.createDataFrame(
+        [
+            (1, 2, "u", "u"),
+            (2, 2, "u", "u"),
+            (3, 2, None, "d"),
+            (4, 0, "stale", "u"),
+            (7, 1, "n", "u"),
+            (8, 1, "n", "u"),
+            (9, 1, "n", "u"),
+        ],
+        "id long, seq long, v string, op string",
+    )
+    spec = MergeSpec(
+        on="t.id = s.id",
+        delete_condition="s.op = 'd'",
+        update_condition="s.seq > t.seq",
+        insert_condition="s.op <> 'd'",
+        exclude_columns=("op",),
+    )
+
+    m = store.merge(path, source, spec)
+
+    assert m.version == store.version(path) == 2
+    changes = store.read_changes(path, m.version, m.version)
+    counted = {
+        kind: changes.where(F.col("_change_type") == kind).count()
+        for kind in ("insert", "update_postimage", "delete")
+    }
+    assert (m.rows_inserted, m.rows_updated, m.rows_deleted) == (3, 2, 1)
+    assert (counted["insert"], counted["update_postimage"], counted["delete"]) == (3, 2, 1)
+    # Live row counts of the files (deletion vectors subtracted) add up to the table's rows.
+    assert sum(f.num_records for f in store.files(path)) == store.read(path).count() == 8
+
+
+def test_merge_does_not_checkpoint_its_source(store, spark, tmp_path, monkeypatch):
+    path = str(tmp_path / "t")
+    kv_table(store, spark, path, [(1, 1, "a")])
+    source = spark.createDataFrame([(1, 2, "a2"), (2, 1, "b")], KV_DDL)
+
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("the merge source was checkpointed")
+
+    # Checkpoints lose their blocks when executors go and do not exist on Spark Connect.
+    monkeypatch.setattr(type(source), "localCheckpoint", refuse)
+    monkeypatch.setattr(type(source), "checkpoint", refuse)
+
+    m = store.merge(path, source, MergeSpec(on="t.id = s.id"))
+
+    assert (m.rows_inserted, m.rows_updated) == (1, 1)
+    assert rows(store.read(path), "id") == [{"id": 1, "seq": 2, "v": "a2"}, {"id": 2, "seq": 1, "v": "b"}]
+
+
+def test_merge_of_a_source_that_reads_the_target(store, spark, tmp_path):
+    # The source is evaluated against the target it changes: each row still merges once.
+    path = str(tmp_path / "t")
+    kv_table(store, spark, path, [(1, 1, "a"), (2, 1, "b"), (3, 1, "c")])
+    source = store.read(path).where("id <= 2").withColumn("seq", F.col("seq") + 1)
+
+    m = store.merge(path, source, MergeSpec(on="t.id = s.id", update_condition="s.seq > t.seq"))
+
+    assert (m.rows_inserted, m.rows_updated, m.rows_deleted) == (0, 2, 0)
+    assert rows(store.read(path), "id") == [
+        {"id": 1, "seq": 2, "v": "a"},
+        {"id": 2, "seq": 2, "v": "b"},
+        {"id": 3, "seq": 1, "v": "c"},
+    ]
+
+
+def test_optimize_leaves_the_session_conf_unchanged(store, spark, tmp_path):
+    path = str(tmp_path / "t")
+    kv_table(store, spark, path, [(1, 1, "a")])
+    previous = spark.conf.get(OPTIMIZE_MAX_FILE_SIZE, None)
+    try:
+        spark.conf.unset(OPTIMIZE_MAX_FILE_SIZE)
+        store.append(path, spark.createDataFrame([(2, 1, "b")], KV_DDL))
+        store.optimize(path, target_size=20_000)
+        assert spark.conf.get(OPTIMIZE_MAX_FILE_SIZE, None) is None
+
+        spark.conf.set(OPTIMIZE_MAX_FILE_SIZE, "123456789")
+        store.append(path, spark.createDataFrame([(3, 1, "c")], KV_DDL))
+        store.optimize(path, zorder_by=["id"], target_size=20_000)
+        assert spark.conf.get(OPTIMIZE_MAX_FILE_SIZE, None) == "123456789"
+        assert store.read(path).count() == 3
+    finally:
+        if previous is None:
+            spark.conf.unset(OPTIMIZE_MAX_FILE_SIZE)
+        else:
+            spark.conf.set(OPTIMIZE_MAX_FILE_SIZE, previous)
+
+
+def test_delta_spark_create_sets_only_known_properties(spark_store, spark, tmp_path, monkeypatch):
+    monkeypatch.delenv("DATABRICKS_RUNTIME_VERSION", raising=False)
+    path = str(tmp_path / "t")
+    properties = {"delta.targetFileSize": "16384", "delta.appendOnly": "false"}
+    assert spark_store.create(path, KV, properties=properties) is True
+
+    props = table_properties(spark, path)
+    assert "delta.targetFileSize" not in props
+    assert props["delta.appendOnly"] == "false"
+    assert props["delta.enableDeletionVectors"] == "true"
+    assert props["delta.enableChangeDataFeed"] == "true"
+
+    # The caller's properties win over the defaults.
+    other = str(tmp_path / "u")
+    assert spark_store.create(other, KV, cdf=False, properties={"delta.enableDeletionVectors": "false"})
+    props = table_properties(spark, other)
+    assert props["delta.enableDeletionVectors"] == "false"
+    assert props.get("delta.enableChangeDataFeed", "false") == "false"
+
+
+def test_delta_spark_merge_metrics_come_from_execute(spark_store, spark, tmp_path, monkeypatch):
+    path = str(tmp_path / "t")
+    kv_table(spark_store, spark, path, [(1, 1, "a"), (2, 1, "b"), (3, 1, "c")])
+    source = spark.createDataFrame([(1, 2, "a2"), (4, 1, "d")], KV_DDL)
+    # The two inputFiles() listings around the merge are gone.
+    monkeypatch.setattr(type(spark_store), "_file_set", lambda *_: pytest.fail("listed the files"))
+
+    m = spark_store.merge(path, source, MergeSpec(on="t.id = s.id"))
+
+    (commit,) = spark_store.history(path, 1)
+    metrics = commit["operationMetrics"]
+    assert commit["operation"] == "MERGE" and commit["version"] == m.version == 2
+    assert (m.rows_inserted, m.rows_updated, m.rows_deleted) == (1, 1, 0)
+    assert m.rows_updated == metrics["numTargetRowsUpdated"]
+    assert m.files_added == metrics["numTargetFilesAdded"]
+    # The file that held id 1 is rewritten or given a deletion vector: either way it counts.
+    assert m.files_removed == metrics["numTargetFilesRemoved"] + metrics.get(
+        "numTargetDeletionVectorsAdded", 0
+    )
+    assert m.files_removed >= 1
+    assert m.extra["metrics"]["numTargetRowsCopied"] == metrics["numTargetRowsCopied"]
+
+    # A merge that changes nothing may commit nothing; the version then stays.
+    same = spark_store.merge(
+        path,
+        spark.createDataFrame([(1, 0, "old")], KV_DDL),
+        MergeSpec(on="t.id = s.id", update_condition="s.seq > t.seq", insert=False),
+    )
+    assert (same.rows_inserted, same.rows_updated, same.rows_deleted) == (0, 0, 0)
+    assert same.version == spark_store.version(path)
+
+
+def test_delta_spark_merge_adds_columns_with_odd_names(spark_store, spark, tmp_path):
+    path = str(tmp_path / "t")
+    kv_table(spark_store, spark, path, [(1, 1, "a")])
+    nested = StructType([StructField("x-y", IntegerType()), StructField("from", StringType())])
+    source = spark.createDataFrame(
+        [(1, 2, "a2", 7, (1, "p"), "u"), (2, 1, "b", 8, (2, "q"), "u")],
+        StructType(
+            [
+                *KV.fields,
+                StructField("odd-name", LongType()),
+                StructField("nested", nested),
+                StructField("op", StringType()),
+            ]
+        ),
+    )
+    # An excluded column makes the merge add the new columns with ALTER TABLE first.
+    spec = MergeSpec(on="t.id = s.id", exclude_columns=("op",), merge_schema=True)
+
+    spark_store.merge(path, source, spec)
+
+    schema = spark_store.schema(path)
+    assert schema.names == ["id", "seq", "v", "odd-name", "nested"]
+    assert schema["nested"].dataType.names == ["x-y", "from"]
+    got = rows(spark_store.read(path), "id")
+    assert [(r["id"], r["odd-name"], r["nested"]) for r in got] == [
+        (1, 7, {"x-y": 1, "from": "p"}),
+        (2, 8, {"x-y": 2, "from": "q"}),
+    ]
+
+
+def test_delta_spark_exists_is_false_for_views(spark_store, spark, tmp_path):
+    path = str(tmp_path / "t")
+    kv_table(spark_store, spark, path, [(1, 1, "a")])
+    db = f"cdc_join_contract_{uuid.uuid4().hex[:12]}"
+    spark.sql(f"CREATE DATABASE {db} LOCATION '{tmp_path / 'db'}'")
+    try:
+        spark.sql(f"CREATE TABLE {db}.t USING delta LOCATION '{path}'")
+        spark.sql(f"CREATE VIEW {db}.v AS SELECT * FROM {db}.t")
+        spark.read.format("delta").load(path).createOrReplaceGlobalTempView(f"{db}_g")
+        assert spark_store.exists(f"{db}.t")
+        assert not spark_store.exists(f"{db}.v")
+        assert not spark_store.exists(f"global_temp.{db}_g")
+        assert not spark_store.exists(f"{db}.missing")
+    finally:
+        spark.catalog.dropGlobalTempView(f"{db}_g")
+        spark.sql(f"DROP DATABASE IF EXISTS {db} CASCADE")
+
+
+def test_delta_spark_optimize_restores_the_session_conf_when_it_fails(spark_store, spark, tmp_path):
+    path = str(tmp_path / "t")
+    kv_table(spark_store, spark, path, [(1, 1, "a")])
+    previous = spark.conf.get(OPTIMIZE_MAX_FILE_SIZE, None)
+    try:
+        spark.conf.set(OPTIMIZE_MAX_FILE_SIZE, "123456789")
+        with pytest.raises(StorageError):
+            spark_store.optimize(path, zorder_by=["no_such_column"], target_size=20_000)
+        assert spark.conf.get(OPTIMIZE_MAX_FILE_SIZE, None) == "123456789"
+    finally:
+        if previous is None:
+            spark.conf.unset(OPTIMIZE_MAX_FILE_SIZE)
+        else:
+            spark.conf.set(OPTIMIZE_MAX_FILE_SIZE, previous)
+
+
+def test_delta_spark_files_agree_with_delta_rs_and_the_log(spark_store, spark, tmp_path):
+    # delta-rs reads the add actions where it can; the log reader is the fallback: same answer.
+    path = str(tmp_path / "t")
+    kv_table(spark_store, spark, path, [(1, 1, "a"), (2, 1, None), (3, 1, "c")])
+    spark_store.merge(path, spark.createDataFrame([(1, 2, "a2")], KV_DDL), MergeSpec(on="t.id = s.id"))
+    version = spark_store.version(path)
+    listed = spark_store.files(path)
+    location, _ = spark_store._detail(path)
+    from_log = spark_store._files_from_log(path, location, version)
+    assert sorted(listed, key=lambda f: f.path) == sorted(from_log, key=lambda f: f.path)
+    assert sum(f.num_records for f in listed) == 3
+
+
+# --------------------------------------------------------------------------- delta-spark pure parts
+
+
+def test_delta_spark_create_properties(monkeypatch):
+    from cdc_join.storage.delta_spark import create_properties, on_databricks
+
+    oss = create_properties(
+        {"delta.targetFileSize": "16384", "delta.appendOnly": "false"}, cdf=True, databricks=False
+    )
+    assert oss == {
+        "delta.enableDeletionVectors": "true",
+        "delta.appendOnly": "false",
+        "delta.enableChangeDataFeed": "true",
+    }
+    dbr = create_properties({"delta.targetFileSize": "16384"}, cdf=False, databricks=True)
+    assert dbr == {"delta.enableDeletionVectors": "true", "delta.targetFileSize": "16384"}
+    off = create_properties({"delta.EnableDeletionVectors": "false"}, cdf=False, databricks=False)
+    assert off == {"delta.EnableDeletionVectors": "false"}
+
+    monkeypatch.setenv("DATABRICKS_RUNTIME_VERSION", "15.4")
+    assert on_databricks()
+    monkeypatch.delenv("DATABRICKS_RUNTIME_VERSION")
+    assert not on_databricks()
+
+
+def test_delta_spark_ddl_type_quotes_nested_names(spark):
+    from cdc_join.storage.delta_spark import _ddl_type
+
+    odd = StructType(
+        [
+            StructField("x-y", IntegerType()),
+            StructField("a`b", ArrayType(StructType([StructField("from", StringType())]))),
+            StructField("m", MapType(StringType(), DecimalType(10, 2))),
+        ]
+    )
+    ddl = _ddl_type(odd)
+    assert ddl == "STRUCT<`x-y`: int, `a``b`: ARRAY<STRUCT<`from`: string>>, `m`: MAP<string, decimal(10,2)>>"
+    parsed = spark.range(1).select(F.lit(None).cast(ddl).alias("c")).schema["c"].dataType
+    assert parsed == odd
+
+
+def stats(path: str, low, high, nulls=0) -> FileStats:
+    return FileStats(
+        path,
+        1,
+        10,
+        {"id": low, "v": "a", "d": 0.0},
+        {"id": high, "v": "z", "d": 1.0},
+        {"id": nulls, "v": 0, "d": 0},
+    )
+
+
+def test_delta_spark_skipping_ranges():
+    from cdc_join.storage.delta_spark import SkipRanges, skipping_ranges
+
+    schema = StructType(
+        [StructField("id", LongType()), StructField("v", StringType()), StructField("d", DoubleType())]
+    )
+    a, b, c = stats("a", 0, 9), stats("b", 100, 109), stats("c", 200, 209, nulls=1)
+
+    # Only "id" tells the files apart ("v" overlaps, doubles are never used).
+    assert skipping_ranges(schema, [b], [a, c]) == [SkipRanges("id", ((100, 109),), False)]
+    # A chosen file with nulls admits nulls; an unknown null count does too.
+    assert skipping_ranges(schema, [c], [a, b]) == [SkipRanges("id", ((200, 209),), True)]
+    unknown = FileStats("u", 1, 10, {"id": 300}, {"id": 309}, {})
+    assert skipping_ranges(schema, [unknown], [a]) == [SkipRanges("id", ((300, 309),), True)]
+    # Overlapping ranges are joined; a chosen file without bounds leaves the column unusable.
+    assert skipping_ranges(schema, [a, stats("a2", 5, 20)], [b]) == [SkipRanges("id", ((0, 20),), False)]
+    assert skipping_ranges(schema, [b, FileStats("n", 1, 10, {}, {}, {})], [a]) == []
+    # Nothing to skip: no predicate.
+    assert skipping_ranges(schema, [a, b, c], []) == []
+    # Many ranges are coarsened into at most max_ranges spans that still cover them.
+    many = [stats(f"f{i}", 10 * i, 10 * i + 1) for i in range(10)]
+    (coarse,) = skipping_ranges(schema, many[::2], many[1::2], max_ranges=2)
+    assert coarse.intervals == ((0, 41), (60, 81))
+
+
+def test_delta_spark_ranges_predicate_keeps_every_row_of_the_chosen_files(spark):
+    from cdc_join.storage.delta_spark import SkipRanges, _ranges_predicate
+
+    schema = StructType(
+        [
+            StructField("id", LongType()),
+            StructField("ts", TimestampType()),
+            StructField("dec", DecimalType(12, 2)),
+            StructField("s", StringType()),
+        ]
+    )
+    ts = datetime(2024, 3, 1, 12, 30, 45, 123456, tzinfo=timezone.utc)
+    ranges = [
+        SkipRanges("id", ((100, 109), (200, 200)), True),
+        SkipRanges("ts", ((ts, ts + timedelta(microseconds=999)),), False),
+        SkipRanges("dec", ((Decimal("1.005"), Decimal("2.504")),), False),
+        SkipRanges("s", (("b", "c\U0010ffff"),), False),
+    ]
+    inside = [
+        (100, ts, Decimal("1.01"), "b"),
+        (109, ts + timedelta(microseconds=999), Decimal("2.51"), "czzz"),
+        (None, ts, Decimal("2.00"), "c"),
+        (200, ts, Decimal("1.50"), "bb"),
+    ]
+    outside = [
+        (110, ts, Decimal("1.50"), "b"),
+        (150, ts, Decimal("1.50"), "b"),
+        (100, ts, Decimal("3.00"), "b"),
+    ]
+    df = spark.createDataFrame(inside + outside, schema)
+    predicate = _ranges_predicate(schema, ranges)
+    kept = [(r["id"], r["s"]) for r in df.where(predicate).collect()]
+    assert sorted(kept, key=str) == sorted([(r[0], r[3]) for r in inside], key=str)
+
+
+def test_delta_spark_log_reader_escapes_glob_characters(spark, tmp_path):
+    from deltalake import DeltaTable
+
+    from cdc_join.storage.delta_spark import DeltaSparkStorage, _basename
+
+    rs = get_storage(spark, "delta-rs")
+    plain = tmp_path / "plain"
+    kv_table(rs, spark, str(plain), [(1, 1, "a")])  # versions 0 and 1
+    rs.append(str(plain), spark.createDataFrame([(2, 1, "b")], KV_DDL))  # 2
+    DeltaTable(str(plain)).create_checkpoint()  # at 2
+    rs.append(str(plain), spark.createDataFrame([(3, 1, "c")], KV_DDL))  # 3
+    at = {v: {_basename(f.path) for f in rs.files(str(plain), version=v)} for v in (1, 2, 3)}
+    # Glob characters in the table's folder name must be matched literally.
+    odd = tmp_path / "we[ir]d {x}*"
+    plain.rename(odd)
+    reader = DeltaSparkStorage(spark)
+
+    adds = reader._log_adds(str(odd), 3, at[3])
+
+    assert set(adds) == at[3]
+    # Read from the checkpoint and the one commit after it, not from every commit.
+    for name, add in adds.items():
+        assert add["log_file"].startswith(
+            "00000000000000000002." if name in at[2] else "00000000000000000003."
+        )
+    # A version older than every checkpoint is read from its commits.
+    older = reader._log_adds(str(odd), 1, at[3])
+    assert set(older) == at[1]
+    assert all(a["log_file"] == "00000000000000000001.json" for a in older.values())
+
+
+def test_delta_spark_files_from_delta_rs(spark, tmp_path):
+    from deltalake import DeltaTable
+
+    from cdc_join.storage.delta_spark import DeltaSparkStorage, _basename
+
+    rs = get_storage(spark, "delta-rs")
+    path = str(tmp_path / "t")
+    kv_table(rs, spark, path, [(1, 1, "a"), (2, 1, None)])
+    rs.append(path, spark.createDataFrame([(5, 2, "e")], KV_DDL))
+    reader = DeltaSparkStorage(spark)
+    table_id = DeltaTable(path).metadata().id
+    location = "file:" + path
+
+    got = reader._files_from_delta_rs(path, location, table_id, 2)
+
+    want = {_basename(f.path): f for f in rs.files(path)}
+    assert {_basename(f.path): f for f in got} == {
+        name: FileStats(
+            location + "/" + name, f.size_bytes, f.num_records, f.min_values, f.max_values, f.null_counts
+        )
+        for name, f in want.items()
+    }
+    # Another table at that location (a different id) is not taken for this one.
+    assert reader._files_from_delta_rs(path, location, "another-table", 2) is None
+    assert reader._files_from_delta_rs(path, "file:" + str(tmp_path / "none"), None, 2) is None
+
+
+def test_delta_spark_deleted_rows_from_deletion_vectors():
+    import pyarrow as pa
+
+    from cdc_join.storage.delta_spark import _deleted_rows
+
+    class Protocol:
+        reader_features = ("deletionVectors",)
+
+    class Table:
+        def protocol(self):
+            return Protocol()
+
+        def deletion_vectors(self):
+            return pa.table(
+                {
+                    "filepath": ["file:///t/part%20a.parquet", "file:///t/part-b.parquet"],
+                    "selection_vector": [[True, False, False, True], [True]],
+                }
+            )
+
+    assert _deleted_rows(Table()) == {"part a.parquet": 2, "part-b.parquet": 0}
