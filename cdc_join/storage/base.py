@@ -19,8 +19,9 @@ Rules every backend follows (the contract tests in ``tests/contract`` check them
   ``start_version..end_version`` (both inclusive; ``end_version=None`` means latest), with the
   columns ``_change_type`` (``insert``, ``update_preimage``, ``update_postimage``, ``delete``)
   and ``_commit_version``. The table must have been created with ``cdf=True``.
-- ``merge`` materializes its source before merging (a lazily re-evaluated source that reads
-  the target is how Delta MERGE produced duplicates, delta-io/delta#527), runs
+- ``merge`` evaluates its source once (a lazily re-evaluated source that reads the target is how
+  Delta MERGE produced duplicates, delta-io/delta#527: delta-rs takes the source as Arrow, and
+  delta-spark's MERGE materializes its source itself), runs
   ``MERGE INTO target AS t USING source AS s ON spec.on`` with the clauses of
   :class:`MergeSpec` in the order delete, update, insert, and returns its metrics.
   Conditions are SQL over ``s.`` and ``t.`` that both Spark SQL and DataFusion accept: plain
