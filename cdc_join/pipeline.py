@@ -135,7 +135,7 @@ class Pipeline:
         )
         pinned = {name: a.version for name, a in applied.items()}
         if decision.recompute:
-            self._recompute(pinned, report, begin)
+            self._recompute(pinned, report, begin, applied[cfg.left].changes)
         else:
             self._incremental(applied[cfg.left].changes, left_current, subscribers, pinned, report, begin)
         watermarks = {n: a.watermark for n, a in applied.items() if a.watermark}
@@ -169,13 +169,22 @@ class Pipeline:
             removed = subscription.remove_orphans(store, cfg, resolved.orphans, run_id)
             counts["stale_subscriptions_removed"] = removed
 
-    def _recompute(self, pinned: dict[str, int], report: RunReport, begin: RunStart) -> None:
-        """The whole join from the pinned state: subscriptions rebuilt, silver's differences MERGEd."""
+    def _recompute(
+        self,
+        pinned: dict[str, int],
+        report: RunReport,
+        begin: RunStart,
+        left_changed: ChangeSet | None = None,
+    ) -> None:
+        """The whole join from the pinned state, silver's differences MERGEd. Subscriptions are
+        rebuilt when the state was (``left_changed`` is ``None``), else they get the changed
+        left keys' instructions, as in an incremental run."""
         cfg, store, run_id = self.config, self.storage, report.run_id
-        left_rows = state.read_current(
-            store, cfg.state_path(cfg.left), cfg.left_source.primary_key, pinned[cfg.left]
-        )
-        subscription.rebuild_all(store, cfg, left_rows, run_id, report.step)
+        if left_changed is None:
+            left_rows = state.read_current(
+                store, cfg.state_path(cfg.left), cfg.left_source.primary_key, pinned[cfg.left]
+            )
+            subscription.rebuild_all(store, cfg, left_rows, run_id, report.step)
         for join in cfg.joins:
             report.steps[f"lookup:{join.alias}"] = {
                 "skipped": "recompute: right rows are joined on the current fk"
@@ -185,4 +194,7 @@ class Pipeline:
             counts["affected_keys"] = "all"
         with report.step("silver") as counts:
             counts.update(silver.write_all(store, cfg, rows, begin.silver_version))
-        report.steps["cleanup"] = {"stale_subscriptions_removed": "none left: subscriptions were rebuilt"}
+        if left_changed is not None:
+            changed = subscription.instructions_all(left_changed, cfg)
+            subscription.write_all(store, cfg, changed, run_id, report.step)
+        report.steps["cleanup"] = {"stale_subscriptions_removed": "not checked in a recompute"}

@@ -152,9 +152,7 @@ def incremental(
     left, pks = config.left_source, pk_columns(config.left_source)
     renamed = dict(zip(left.primary_key, pks, strict=True))
     changed = left_changed.distinct(list(left.primary_key)).renamed(renamed)
-    instructions = {
-        j.alias: subscription.instructions(left_changed, left, j) for j in config.joins if left_changed.rows
-    }
+    instructions = subscription.instructions_all(left_changed, config)
     checked = {
         alias: check(found, left_current, changed.table, config, config.join_for_alias(alias))
         for alias, found in subscribers.items()

@@ -151,6 +151,13 @@ def instructions(changes: ChangeSet, left: SourceConfig, join: JoinConfig) -> Ch
     return _instruction_set(changes, left, join, parts)
 
 
+def instructions_all(changes: ChangeSet, config: PipelineConfig) -> dict[str, ChangeSet]:
+    """Per join alias, the instructions of the changed left keys (none when nothing changed)."""
+    if not changes.rows:
+        return {}
+    return {j.alias: instructions(changes, config.left_source, j) for j in config.joins}
+
+
 def _instruction_set(
     changes: ChangeSet, left: SourceConfig, join: JoinConfig, parts: list[list[Any]]
 ) -> ChangeSet:
