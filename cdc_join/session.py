@@ -21,6 +21,10 @@ LOCAL_DEFAULTS = {
 }
 
 
+#: Settings a Connect client cannot change on a running session (Spark warns and ignores them).
+_STARTUP_ONLY = frozenset({"spark.driver.memory", "spark.ui.enabled", "spark.ui.showConsoleProgress"})
+
+
 def get_spark(
     app_name: str = "cdc_join", extra_conf: dict[str, str] | None = None, *, quiet: bool = False
 ) -> SparkSession:
@@ -51,6 +55,8 @@ def get_spark(
         )
     if not remote or not remote.startswith("sc://"):  # a server started here takes the defaults
         for key, value in {**LOCAL_DEFAULTS, **(extra_conf or {})}.items():
+            if remote and key in _STARTUP_ONLY:  # a Connect client cannot set these on its session
+                continue
             builder = builder.config(key, value)
     if os.environ.get("CDC_JOIN_STORAGE") == "delta-spark":
         builder = builder.config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension").config(
