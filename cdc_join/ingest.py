@@ -55,6 +55,7 @@ from pyspark.sql.types import (
 from cdc_join.changeset import ChangeSet, arrow_schema, from_arrow, materialize
 from cdc_join.config import PipelineConfig
 from cdc_join.debezium import QUARANTINE_SCHEMA, ParsedBatch, parse_events
+from cdc_join.debezium.sql import lit
 from cdc_join.errors import InputError
 from cdc_join.storage.base import MergeSpec, Storage
 
@@ -537,7 +538,7 @@ def read_lines(spark: SparkSession, files: Sequence[LandedFile]) -> DataFrame:
     # A file's name is its path after its landing folder's (files of several folders may come).
     path = "try_url_decode(replace(_metadata.file_path, '+', '%2B'))"
     prefixes = sorted({f.path[: len(f.path) - len(f.name)] for f in files if f.path.endswith(f.name)})
-    keys = [_sql_text(_folder_key(p)) for p in prefixes]
+    keys = [lit(_folder_key(p)) for p in prefixes]
     cases = " ".join(
         f"WHEN instr(__path, {k}) > 0 THEN substr(__path, instr(__path, {k}) + length({k}))" for k in keys
     )
@@ -557,10 +558,6 @@ def read_lines(spark: SparkSession, files: Sequence[LandedFile]) -> DataFrame:
     if size >= SPREAD_BYTES:
         lines = lines.repartition(min(MAX_SPREAD, max(2, size // SPREAD_BYTES)))
     return lines
-
-
-def _sql_text(text: str) -> str:
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def quarantined(
