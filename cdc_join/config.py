@@ -116,6 +116,9 @@ class PipelineConfig:
     tables: str | None = None
     on_quarantine: str = "fail"
     tombstone_horizon_days: float | None = None
+    landing_lookback_hours: float | None = None
+    """With a value, ingest lists only landing files modified after the newest ingest minus
+    this many hours, so finding new files does not grow with every file ever landed."""
     """Maintenance drops delete tombstones whose event is older than this (``None``: never)."""
 
     # -- table locations (DESIGN.md §4) ------------------------------------------------------
@@ -275,6 +278,7 @@ _TOP_KEYS = {
     "quality",
     "on_quarantine",
     "tombstone_horizon_days",
+    "landing_lookback_hours",
 }
 _TOP_KEYS |= {"description"}
 _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$")
@@ -318,6 +322,13 @@ def parse_config(
         isinstance(horizon, bool) or not isinstance(horizon, int | float) or horizon <= 0
     ):
         raise ConfigError(f"must be a positive number of days, got {horizon!r}", key="tombstone_horizon_days")
+    lookback = raw.get("landing_lookback_hours")
+    if lookback is not None and (
+        isinstance(lookback, bool) or not isinstance(lookback, int | float) or not 0 < lookback < 1e6
+    ):
+        raise ConfigError(
+            f"must be a positive number of hours, got {lookback!r}", key="landing_lookback_hours"
+        )
     return PipelineConfig(
         name=name,
         lake=lake,
@@ -331,6 +342,7 @@ def parse_config(
         tables=tables,
         on_quarantine=on_quarantine,
         tombstone_horizon_days=None if horizon is None else float(horizon),
+        landing_lookback_hours=None if lookback is None else float(lookback),
     )
 
 

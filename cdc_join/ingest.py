@@ -6,9 +6,12 @@ still being written, e.g. Kafka Connect's ``+tmp``), drops the files the ingest 
 names, reads the rest with Spark's text reader and parses them with
 :func:`cdc_join.debezium.parse_events`.
 
-Landing files are immutable: a file the log names whose size changed since (a line appended,
-or another file landed under its name) stops the run with an error naming it, since its new
-content could be read neither exactly once nor silently skipped. A file holding one JSON array
+Landing files are immutable: a file the log names that changed since (its size; or its
+modification time, when its bytes' MD5 differs too or can't be read) stops the run with an
+error naming it, since its new content could be read neither exactly once nor silently
+skipped. With ``landing_lookback_hours`` only files modified after the newest ingest minus
+the lookback are listed, and the log is read only where its name ranges hold a listed file,
+so finding new files does not grow with every file ever ingested. A file holding one JSON array
 instead of JSON lines is quarantined with one reason for the whole file.
 
 Exactly once, even when a run is killed between any two steps, comes from the order of the
@@ -31,12 +34,14 @@ not make its files new.
 
 from __future__ import annotations
 
+import bisect
+import hashlib
 import os
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import astuple, dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pyarrow as pa
@@ -72,6 +77,8 @@ INGEST_LOG_SCHEMA = StructType(
         StructField("quarantined", LongType()),
         StructField("tombstones", LongType()),
         StructField("ingested_at", TimestampType()),
+        StructField("modified_at", TimestampType()),
+        StructField("content_md5", StringType()),
     ]
 )
 QUARANTINE_TABLE_SCHEMA = StructType(
@@ -114,11 +121,22 @@ class IngestReport:
 
 @dataclass(frozen=True)
 class LandedFile:
-    """A landing file: its name inside the folder, the path Spark reads, its size in bytes."""
+    """A landing file: its name inside the folder, the path Spark reads, its size in bytes and
+    its modification time (ms since the epoch, when the file system gives one)."""
 
     name: str
     path: str
     size: int
+    modified_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class Logged:
+    """What the ingest log recorded of a file when it was read (``None``: not recorded then)."""
+
+    size: int | None
+    modified_ms: int | None = None
+    content_md5: str | None = None
 
 
 @dataclass(frozen=True)
@@ -137,14 +155,31 @@ def ingest_all(
     after_step: StepHook | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, IngestReport]:
-    """Ingest every source that has a landing folder; see :func:`ingest_source`."""
-    done = _ingested_by_source(storage, config)  # one read of the log for all sources
-    return {
-        name: ingest_source(
-            spark, storage, config, name, after_step=after_step, done=done.get(name, {}), progress=progress
-        )
+    """Ingest every source that has a landing folder; see :func:`ingest_source`.
+
+    The landing folders are listed first (with ``landing_lookback_hours``, only files modified
+    since the newest ingest minus the lookback), then the ingest log is read once for all of
+    them, and only its data files whose name range can hold a listed file.
+    """
+    since = _listing_since(storage, config)
+    listed = {
+        name: list_landing(spark, source.landing, modified_after=since)
         for name, source in config.sources.items()
         if source.landing is not None
+    }
+    done = _logged(storage, config, listed)
+    return {
+        name: ingest_source(
+            spark,
+            storage,
+            config,
+            name,
+            after_step=after_step,
+            done=done.get(name, {}),
+            listed=files,
+            progress=progress,
+        )
+        for name, files in listed.items()
     }
 
 
@@ -155,7 +190,8 @@ def ingest_source(
     source_name: str,
     *,
     after_step: StepHook | None = None,
-    done: Mapping[str, int | None] | None = None,
+    done: Mapping[str, Logged] | None = None,
+    listed: Sequence[LandedFile] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> IngestReport:
     """Ingest the landing files of one source that the ingest log does not name yet.
@@ -167,8 +203,8 @@ def ingest_source(
         source_name: a source with a ``landing`` folder.
         after_step: called with each name of :data:`STEPS` after that write; an exception it
             raises stops the ingest there (tests use it to simulate a crash).
-        done: the names the ingest log records for this source, with their sizes then, when the
-            caller has read it.
+        done: what the ingest log records of this source's files, when the caller has read it.
+        listed: the source's landing files, when the caller has listed them.
         progress: called with a line before and after parsing new files (for long ingests).
 
     Returns:
@@ -182,9 +218,12 @@ def ingest_source(
     source = config.sources[source_name]
     if source.landing is None:
         raise InputError(f"source {source_name!r} has no landing folder to ingest")
+    if listed is None:
+        listed = list_landing(spark, source.landing, modified_after=_listing_since(storage, config))
     if done is None:
-        done = ingested_files(storage, config, source_name)
-    pending = _pending(spark, source_name, source.landing, done)
+        done = _logged(storage, config, {source_name: listed}).get(source_name, {})
+    _fail_on_changed_files(source_name, listed, done)
+    pending = [f for f in listed if f.name not in done]
     if pending and progress is not None:
         size = sum(f.size for f in pending) / 1e6
         progress(f"  ingest {source_name}: {len(pending)} new file(s), {size:.1f} MB ...")
@@ -209,28 +248,49 @@ def ingest_source(
     )
 
 
-def _pending(
-    spark: SparkSession, source_name: str, folder: str, done: Mapping[str, int | None]
-) -> list[LandedFile]:
-    """The landing files the log does not name yet; a named file whose size changed is an error."""
-    listed = list_landing(spark, folder)
-    _fail_on_changed_files(source_name, listed, done)
-    return [f for f in listed if f.name not in done]
-
-
 def _fail_on_changed_files(
-    source_name: str, listed: Sequence[LandedFile], done: Mapping[str, int | None]
+    source_name: str, listed: Sequence[LandedFile], done: Mapping[str, Logged]
 ) -> None:
-    changed = [f for f in listed if f.name in done and done[f.name] is not None and done[f.name] != f.size]
+    changed = [(f, why) for f in listed if f.name in done for why in [_change(f, done[f.name])] if why]
     if not changed:
         return
-    shown = ", ".join(f"{f.name} ({done[f.name]} → {f.size} bytes)" for f in changed[:5])
+    shown = ", ".join(f"{f.name} ({why})" for f, why in changed[:5])
     more = f" and {len(changed) - 5} more" if len(changed) > 5 else ""
     raise InputError(
         f"source {source_name!r}: landing file(s) changed after they were ingested: {shown}{more}. "
         "Landing files must not change once written: land new events in new files. To take a "
         "changed file in again, land its content under a new name."
     )
+
+
+def _change(file: LandedFile, logged: Logged) -> str | None:
+    """How ``file`` differs from what the log recorded of it, or ``None`` when it doesn't.
+
+    A different size is a change. With the same size, a moved modification time is one when
+    the content's MD5 differs from the logged one, or when either can't be had (a file that
+    is not on a local path, or a log row written before the log kept them).
+    """
+    if logged.size is not None and logged.size != file.size:
+        return f"{logged.size} → {file.size} bytes"
+    if logged.modified_ms is None or file.modified_ms is None or logged.modified_ms == file.modified_ms:
+        return None
+    md5 = _content_md5(file)
+    if md5 is not None and md5 == logged.content_md5:
+        return None  # copied again or touched: same content
+    when = datetime.fromtimestamp(file.modified_ms / 1000, timezone.utc).isoformat(timespec="seconds")
+    return f"same size, rewritten at {when}"
+
+
+def _content_md5(file: LandedFile) -> str | None:
+    """The MD5 of a local file's bytes; ``None`` for a file on another file system."""
+    local = _local_folder(file.path)
+    if local is None or not os.path.isfile(local):
+        return None
+    digest = hashlib.md5(usedforsecurity=False)
+    with open(local, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _ingest_files(
@@ -404,14 +464,17 @@ def _append_log(
     rows = []
     for f in pending:
         c = counts.get(f.name, _FileCounts())
-        rows.append(
-            (source_name, f.name, f.size, c.lines, c.events, c.quarantined, c.tombstones, ingested_at)
+        modified = (
+            None if f.modified_ms is None else datetime.fromtimestamp(f.modified_ms / 1000, timezone.utc)
         )
+        counts_of_file = (c.lines, c.events, c.quarantined, c.tombstones)
+        rows.append((source_name, f.name, f.size, *counts_of_file, ingested_at, modified, _content_md5(f)))
     table = pa.Table.from_pylist(
         [dict(zip(INGEST_LOG_SCHEMA.names, r, strict=True)) for r in rows],
         schema=arrow_schema(INGEST_LOG_SCHEMA),
     )
-    storage.create(path, INGEST_LOG_SCHEMA, cdf=True)
+    if not storage.create(path, INGEST_LOG_SCHEMA, cdf=True):
+        storage.evolve(path, INGEST_LOG_SCHEMA)  # a log written before it kept modified_at, content_md5
     storage.append(path, from_arrow(spark, INGEST_LOG_SCHEMA, table).frame)
 
 
@@ -427,21 +490,73 @@ def _counts_by_file(lines: pa.Table) -> dict[str, _FileCounts]:
     }
 
 
-def _ingested_by_source(storage: Storage, config: PipelineConfig) -> dict[str, dict[str, int | None]]:
-    """Per source, the landing files the ingest log records as done, with their sizes then."""
-    if not storage.exists(config.ingest_log_path):
+def _listing_since(storage: Storage, config: PipelineConfig) -> datetime | None:
+    """With ``landing_lookback_hours``: the newest ``ingested_at`` of the ingest log (from its
+    file statistics, no scan) minus the lookback; files modified before it are not listed."""
+    hours = config.landing_lookback_hours
+    if hours is None or not storage.exists(config.ingest_log_path):
+        return None
+    newest = [f.max_values.get("ingested_at") for f in storage.files(config.ingest_log_path)]
+    if not newest or any(n is None for n in newest):
+        return None
+    latest = max(newest)
+    if not isinstance(latest, datetime):
+        return None
+    latest = latest if latest.tzinfo else latest.replace(tzinfo=timezone.utc)
+    return latest - timedelta(hours=hours)
+
+
+def _logged(
+    storage: Storage, config: PipelineConfig, listed: Mapping[str, Sequence[LandedFile]]
+) -> dict[str, dict[str, Logged]]:
+    """Per source, what the ingest log records of the ``listed`` files.
+
+    Only the log's data files whose ``file`` statistics range holds a listed name are read, so
+    the read follows the listing, not every file ever ingested (the maintenance policy
+    compacts the log and keeps those ranges narrow).
+    """
+    if not storage.exists(config.ingest_log_path) or not any(listed.values()):
         return {}
-    done: dict[str, dict[str, int | None]] = {}
-    log = storage.read_arrow(config.ingest_log_path, columns=["source", "file", "size"])
-    columns = (log.column(c).to_pylist() for c in ("source", "file", "size"))
-    for source, file, size in zip(*columns, strict=True):
-        done.setdefault(source, {})[file] = size
+    names = sorted({f.name for files in listed.values() for f in files})
+    wanted = [
+        f.path
+        for f in storage.files(config.ingest_log_path)
+        if f.num_records != 0 and _may_hold(names, f.min_values.get("file"), f.max_values.get("file"))
+    ]
+    if not wanted:
+        return {}
+    present = set(storage.schema(config.ingest_log_path).names)
+    columns = [c for c in ("source", "file", "size", "modified_at", "content_md5") if c in present]
+    log = storage.read_arrow(config.ingest_log_path, columns=columns, files=wanted).to_pylist()
+    keep = {(source, f.name) for source, files in listed.items() for f in files}
+    done: dict[str, dict[str, Logged]] = {}
+    for row in log:
+        if (row["source"], row["file"]) in keep:
+            modified = row.get("modified_at")
+            done.setdefault(row["source"], {})[row["file"]] = Logged(
+                row["size"], None if modified is None else _epoch_ms(modified), row.get("content_md5")
+            )
     return done
+
+
+def _may_hold(names: Sequence[str], low: Any, high: Any) -> bool:
+    """Whether a sorted ``names`` has one within ``[low, high]`` (unknown bounds: yes)."""
+    if not isinstance(low, str) or not isinstance(high, str):
+        return True
+    at = bisect.bisect_left(names, low)
+    return at < len(names) and names[at] <= high
+
+
+def _epoch_ms(value: datetime) -> int:
+    return round((value if value.tzinfo else value.replace(tzinfo=timezone.utc)).timestamp() * 1000)
 
 
 def ingested_files(storage: Storage, config: PipelineConfig, source_name: str) -> dict[str, int | None]:
     """The landing files of ``source_name`` the ingest log records as done, with their sizes."""
-    return _ingested_by_source(storage, config).get(source_name, {})
+    if not storage.exists(config.ingest_log_path):
+        return {}
+    log = storage.read(config.ingest_log_path).filter(F.col("source") == source_name)
+    return {r["file"]: r["size"] for r in log.select("file", "size").collect()}
 
 
 def _known_row(storage: Storage, bronze_path: str) -> StructType | None:
@@ -455,21 +570,26 @@ def _known_row(storage: Storage, bronze_path: str) -> StructType | None:
 # -- landing folder --------------------------------------------------------------------------
 
 
-def list_landing(spark: SparkSession, folder: str) -> list[LandedFile]:
+def list_landing(
+    spark: SparkSession, folder: str, *, modified_after: datetime | None = None
+) -> list[LandedFile]:
     """The landing files in ``folder`` and its subfolders, by name (their path inside it).
 
     A local folder is listed directly (no Spark job); any other location through Spark (the
-    ``binaryFile`` source, content not read), so every file system Spark can read works.
+    ``binaryFile`` source, content not read), so every file system Spark can read works. With
+    ``modified_after``, files modified before it are left out.
     """
     local = _local_folder(folder)
     if local is not None:
-        return _list_local(local)
+        return _list_local(local, modified_after)
+    reader = spark.read.format("binaryFile").option("recursiveFileLookup", "true")
+    if modified_after is not None:
+        at = modified_after.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+        reader = reader.option("modifiedAfter", at).option("timeZone", "UTC")
     try:
         found = (
-            spark.read.format("binaryFile")
-            .option("recursiveFileLookup", "true")
-            .load(_glob_escape(folder.rstrip("/")))
-            .select("path", "length")
+            reader.load(_glob_escape(folder.rstrip("/")))
+            .select("path", "length", (F.unix_micros("modificationTime") // 1000).alias("modified_ms"))
             .collect()
         )
     except AnalysisException as exc:
@@ -482,7 +602,7 @@ def list_landing(spark: SparkSession, folder: str) -> list[LandedFile]:
         path = str(r["path"])
         at = path.find(key)
         name = path[at + len(key) :] if at >= 0 else path.rsplit("/", 1)[-1]
-        files.append(LandedFile(name, path, int(r["length"])))
+        files.append(LandedFile(name, path, int(r["length"]), r["modified_ms"]))
     return sorted((f for f in files if _is_landing_name(f.name)), key=lambda f: f.name)
 
 
@@ -500,19 +620,25 @@ def _local_folder(folder: str) -> str | None:
     return None if _SCHEME.match(folder) else folder
 
 
-def _list_local(folder: str) -> list[LandedFile]:
+def _list_local(folder: str, modified_after: datetime | None = None) -> list[LandedFile]:
     root = os.path.abspath(folder)
     if not os.path.isdir(root):
         return []  # no file has landed yet (or the folder is not there yet)
+    after_ns = None if modified_after is None else int(modified_after.timestamp() * 1e9)
     files = []
     for parent, folders, names in os.walk(root):
         folders[:] = [d for d in folders if not d.startswith(_IN_PROGRESS)]
         for name in names:
             path = os.path.join(parent, name)
-            if os.path.isfile(path):
-                relative = os.path.relpath(path, root).replace(os.sep, "/")
-                # The form Spark's own listing gives (``file:`` plus the absolute path, not URI-encoded).
-                files.append(LandedFile(relative, "file:" + path, os.stat(path).st_size))
+            if not os.path.isfile(path):
+                continue
+            stat = os.stat(path)
+            if after_ns is not None and stat.st_mtime_ns < after_ns:
+                continue
+            relative = os.path.relpath(path, root).replace(os.sep, "/")
+            # The form Spark's own listing gives (``file:`` plus the absolute path, not URI-encoded).
+            modified_ms = stat.st_mtime_ns // 1_000_000
+            files.append(LandedFile(relative, "file:" + path, stat.st_size, modified_ms))
     return sorted((f for f in files if _is_landing_name(f.name)), key=lambda f: f.name)
 
 

@@ -11,6 +11,8 @@ still caught. Built-in checks, all on those rows:
 - ``freshness``: minutes between the newest source event processed (``_cdc_ts_ms`` of the
   state tables at the run's checkpoint) and the wall clock, when ``quality.freshness_max_minutes``
   is set;
+- ``quarantine:<source>``: lines of that source the run's ingest quarantined, against
+  ``quality.quarantine_max`` (only for the sources it names; one number covers every source);
 - ``expectation:<name>``: any great-expectations expectation from the pipeline YAML.
 
 The ``quality:`` section of the pipeline YAML::
@@ -18,7 +20,8 @@ The ``quality:`` section of the pipeline YAML::
     quality:
       orphan_rate_max: {customers: 0.05}   # per left-join alias, or one number for all
       freshness_max_minutes: 1440
-      severity: {orphan_rate: fail, freshness: warn}   # the defaults
+      quarantine_max: {orders: 0}          # per source, or one number for all
+      severity: {orphan_rate: fail, freshness: warn, quarantine: fail}   # the defaults
       expectations:
         - expectation: expect_column_values_to_be_between
           kwargs: {column: quantity, min_value: 0}
@@ -30,6 +33,7 @@ Every result becomes one row of the quality-results Delta table (``config.qualit
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -58,7 +62,7 @@ from cdc_join.tables import DELETED, RUN_ID, TS_MS, output_columns, silver_key_c
 
 WARN, FAIL = "warn", "fail"
 SEVERITIES = (WARN, FAIL)
-DEFAULT_SEVERITY = {"orphan_rate": FAIL, "freshness": WARN}
+DEFAULT_SEVERITY = {"orphan_rate": FAIL, "freshness": WARN, "quarantine": FAIL}
 
 RESULTS_SCHEMA = StructType(
     [
@@ -73,7 +77,7 @@ RESULTS_SCHEMA = StructType(
     ]
 )
 
-_TOP_KEYS = {"orphan_rate_max", "freshness_max_minutes", "severity", "expectations"}
+_TOP_KEYS = {"orphan_rate_max", "freshness_max_minutes", "quarantine_max", "severity", "expectations"}
 _EXPECTATION_KEYS = {"expectation", "kwargs", "severity", "name"}
 _COLUMN_KWARGS = ("column", "column_A", "column_B")
 
@@ -101,6 +105,7 @@ class QualitySettings:
 
     orphan_rate_max: Mapping[str, float] = field(default_factory=dict)
     freshness_max_minutes: float | None = None
+    quarantine_max: Mapping[str, int] = field(default_factory=dict)
     severity: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_SEVERITY))
     expectations: tuple[UserExpectation, ...] = ()
 
@@ -118,6 +123,7 @@ def parse_quality(config: PipelineConfig) -> QualitySettings:
     return QualitySettings(
         orphan_rate_max=_orphan_thresholds(config, raw.get("orphan_rate_max")),
         freshness_max_minutes=_freshness(raw.get("freshness_max_minutes")),
+        quarantine_max=_quarantine_limits(config, raw.get("quarantine_max")),
         severity=_severities(raw.get("severity")),
         expectations=_expectations(config, raw.get("expectations")),
     )
@@ -145,6 +151,27 @@ def _orphan_thresholds(config: PipelineConfig, raw: Any) -> dict[str, float]:
         if alias not in lefts:
             raise ConfigError(f"{alias!r} is not a left join; left joins are {lefts}", key=f"{key}.{alias}")
     return {str(alias): _rate(value, f"{key}.{alias}") for alias, value in raw.items()}
+
+
+def _quarantine_limits(config: PipelineConfig, raw: Any) -> dict[str, int]:
+    key = "quality.quarantine_max"
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        limit = _count(raw, key)
+        return dict.fromkeys(config.sources, limit)
+    for source in raw:
+        if source not in config.sources:
+            raise ConfigError(
+                f"{source!r} is not a source; sources are {list(config.sources)}", key=f"{key}.{source}"
+            )
+    return {str(source): _count(value, f"{key}.{source}") for source, value in raw.items()}
+
+
+def _count(value: Any, key: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"must be a whole number of lines, 0 or more, got {value!r}", key=key)
+    return value
 
 
 def _rate(value: Any, key: str) -> float:
@@ -334,22 +361,25 @@ def check(
         InputError: ``run_id`` is not in the run log.
     """
     settings = parse_quality(config)
-    run = _run_to_check(storage, config, run_id)
-    if run is None:
+    found = _run_to_check(storage, config, run_id)
+    if found is None:
         return QualityReport(run_id, 0, note="no completed run in the run log yet")
-    if not storage.exists(config.silver_path):
-        return QualityReport(run.run_id, 0, note="silver does not exist yet (sources still waiting)")
+    run, run_report = found
     context = _context()  # suites attach to the current context, so it comes first
-    rows = touched_rows(config, storage, run).cache()
-    try:
-        count = rows.count()
-        results = _validate(context, rows, _row_suite(config, settings), count)
-    finally:
-        rows.unpersist()
-    if settings.freshness_max_minutes is not None:
-        clock = now or datetime.now(timezone.utc)
-        results.append(_check_freshness(context, config, storage, run, settings, clock))
-    report = QualityReport(run.run_id, count, tuple(results))
+    results = _check_quarantine(context, settings, run_report) if settings.quarantine_max else []
+    count = 0
+    if storage.exists(config.silver_path):
+        rows = touched_rows(config, storage, run).cache()
+        try:
+            count = rows.count()
+            results += _validate(context, rows, _row_suite(config, settings), count)
+        finally:
+            rows.unpersist()
+        if settings.freshness_max_minutes is not None:
+            clock = now or datetime.now(timezone.utc)
+            results.append(_check_freshness(context, config, storage, run, settings, clock))
+    note = "" if storage.exists(config.silver_path) else "silver does not exist yet (sources still waiting)"
+    report = QualityReport(run.run_id, count, tuple(results), note=note)
     if write:
         write_results(config, storage, report)
     return report
@@ -499,7 +529,7 @@ def _result(gx_result: Any, extra: Mapping[str, Any]) -> CheckResult:
         "exception": error,
         **extra,
     }
-    if meta.get("kind") == "orphan_rate":
+    if meta.get("kind") in ("orphan_rate", "quarantine"):
         details["threshold"] = meta.get("threshold")
     return CheckResult(
         meta["check"], meta.get("column"), success, meta["severity"], _observed(meta, result, error), details
@@ -514,6 +544,9 @@ def _observed(meta: Mapping[str, Any], result: Mapping[str, Any], error: str | N
         limit = meta.get("threshold")
         bound = "no threshold" if limit is None else f"max {limit:g}"
         return f"orphan rate {rate:.4f} ({result.get('unexpected_count') or 0} rows), {bound}"
+    if meta.get("kind") == "quarantine":
+        lines = int(result.get("observed_value") or 0)
+        return f"{lines} line(s) quarantined by the run, max {meta['threshold']}"
     if meta.get("kind") == "freshness":
         lag = result.get("observed_value", float("nan"))
         return f"newest event {_age(lag)} old, max {_age(meta['threshold'])}"
@@ -584,23 +617,58 @@ def _newest_event_ms(storage: Storage, path: str, version: int) -> int | None:
     return None if row is None or row["newest"] is None else int(row["newest"])
 
 
+# -- quarantine ------------------------------------------------------------------------------
+
+
+def _check_quarantine(
+    context: Any, settings: QualitySettings, run_report: Mapping[str, Any]
+) -> list[CheckResult]:
+    """Per source named by ``quarantine_max``: the lines the run's ingest quarantined."""
+    ingest = (run_report.get("steps") or {}).get("ingest") or {}
+    counts = {s: int((ingest.get(s) or {}).get("quarantined") or 0) for s in settings.quarantine_max}
+    severity = settings.severity["quarantine"]
+    suite = gx.ExpectationSuite(name="quarantine")
+    for source, limit in settings.quarantine_max.items():
+        meta = {**_meta(f"quarantine:{source}", None, severity, kind="quarantine"), "threshold": limit}
+        suite.add_expectation(
+            gx.expectations.ExpectColumnMaxToBeBetween(column=source, max_value=limit, meta=meta)
+        )
+    batch = (
+        context.data_sources.add_pandas("ingest")
+        .add_dataframe_asset("quarantined_lines")
+        .add_batch_definition_whole_dataframe("run")
+        .get_batch(batch_parameters={"dataframe": pd.DataFrame({s: [n] for s, n in counts.items()})})
+    )
+    outcome = batch.validate(suite, result_format="SUMMARY")
+    reasons = {s: (ingest.get(s) or {}).get("reasons") or {} for s in counts}
+    results = [_result(r, {}) for r in outcome.results]
+    results = [
+        dataclasses.replace(r, details={**r.details, "reasons": reasons[r.check.split(":", 1)[1]]})
+        for r in results
+    ]
+    order = list(settings.quarantine_max)
+    return sorted(results, key=lambda r: order.index(r.check.split(":", 1)[1]))
+
+
 # -- the run and the results table -----------------------------------------------------------
 
 
-def _run_to_check(storage: Storage, config: PipelineConfig, run_id: int | None) -> Checkpoint | None:
-    """The checkpoint of ``run_id`` (default: the newest run), read from the run log."""
+def _run_to_check(
+    storage: Storage, config: PipelineConfig, run_id: int | None
+) -> tuple[Checkpoint, Mapping[str, Any]] | None:
+    """The checkpoint and report of ``run_id`` (default: the newest run), from the run log."""
     if not storage.exists(config.runs_path):
         if run_id is not None:
             raise InputError(f"run {run_id} is not in the run log {config.runs_path} (no run yet)")
         return None
     runs = storage.read(config.runs_path)
     wanted = runs if run_id is None else runs.filter(F.col("run_id") == run_id)
-    row = wanted.orderBy(F.col("run_id").desc()).select("checkpoint").first()
+    row = wanted.orderBy(F.col("run_id").desc()).select("checkpoint", "report").first()
     if row is None:
         if run_id is not None:
             raise InputError(f"run {run_id} is not in the run log {config.runs_path}")
         return None
-    return Checkpoint.from_json(row["checkpoint"])
+    return Checkpoint.from_json(row["checkpoint"]), json.loads(row["report"] or "{}")
 
 
 def write_results(config: PipelineConfig, storage: Storage, report: QualityReport) -> None:

@@ -1,13 +1,15 @@
 """Two runs of one pipeline racing, with no lock file to keep them apart (as on an object store):
 the checkpoint commit and silver's expected version are the guards. Each round, both runs start
-together; every run either commits or stops with ConcurrentRunError, run ids never repeat, and
-silver always equals the join of the current rows."""
+together (an incremental run against another incremental run in even rounds, against a full
+refresh in odd ones); every run either commits or stops with ConcurrentRunError, run ids never
+repeat, and silver always equals the join of the current rows."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
 import threading
+from collections.abc import Callable
 
 from cdc_join.errors import ConcurrentRunError
 from cdc_join.pipeline import Pipeline
@@ -16,10 +18,10 @@ from tests.support import make_pipeline, silver_rows
 ROUNDS = int(os.environ.get("CDC_JOIN_RACE_ROUNDS", "6"))
 
 
-def _race(pipeline: Pipeline, start: threading.Barrier, results: list[str]) -> None:
+def _race(run: Callable[[], object], start: threading.Barrier, results: list[str]) -> None:
     start.wait()
     try:
-        pipeline.run()
+        run()
         results.append("committed")
     except ConcurrentRunError:
         results.append("lost")
@@ -39,7 +41,8 @@ def test_racing_runs_never_corrupt_silver_and_never_both_commit_the_same_run(tmp
         w.write("rhs", [w.upsert("rhs", {"id": 1 + n % 2, "value": f"r{n}"}, 200 + n)])
         start = threading.Barrier(2)
         results: list[str] = []
-        threads = [threading.Thread(target=_race, args=(p, start, results)) for p in runners]
+        second = runners[1].full_refresh if n % 2 else runners[1].run
+        threads = [threading.Thread(target=_race, args=(r, start, results)) for r in (runners[0].run, second)]
         for t in threads:
             t.start()
         for t in threads:

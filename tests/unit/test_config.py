@@ -813,3 +813,13 @@ def test_words_like_select_inside_strings_and_names_are_fine(tmp_path):
         "output": "out",
     }
     assert len(parse_config(raw, base_dir=tmp_path, check_paths=False).select) == 2
+
+
+@pytest.mark.parametrize("hours", [0, -1, "24", True])
+def test_landing_lookback_must_be_a_positive_number_of_hours(project: Path, hours: Any) -> None:
+    raw = _base()
+    raw["landing_lookback_hours"] = hours
+    with pytest.raises(ConfigError, match=r"landing_lookback_hours.*positive number of hours"):
+        load_config(_write(project, raw))
+    raw["landing_lookback_hours"] = 24
+    assert load_config(_write(project, raw)).landing_lookback_hours == 24.0

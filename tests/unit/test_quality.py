@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 from cdc_join import cli
 from cdc_join.config import parse_config
 from cdc_join.errors import ConfigError
-from cdc_join.quality import RESULTS_SCHEMA, QualityReport, check, parse_quality
+from cdc_join.quality import RESULTS_SCHEMA, QualityReport, _check_quarantine, _context, check, parse_quality
 from tests.support import make_pipeline
 
 TABLES = {
@@ -106,7 +106,9 @@ def test_quality_section_is_parsed_with_defaults():
     settings = parse_quality(_config({"orphan_rate_max": 0.1, "expectations": [V_NOT_NEGATIVE]}))
     assert settings.orphan_rate_max == {"cust": 0.1}  # one number applies to every left join
     assert settings.freshness_max_minutes is None
-    assert settings.severity == {"orphan_rate": "fail", "freshness": "warn"}
+    assert settings.severity == {"orphan_rate": "fail", "freshness": "warn", "quarantine": "fail"}
+    assert settings.quarantine_max == {}
+    assert parse_quality(_config({"quarantine_max": 0})).quarantine_max == {"lhs": 0, "rhs": 0, "cust": 0}
     assert [(e.name, e.expectation, e.severity) for e in settings.expectations] == [
         ("v_not_negative", "expect_column_values_to_be_between", "fail")
     ]
@@ -120,6 +122,9 @@ def test_quality_section_is_parsed_with_defaults():
         ({"orphan_rate_max": {"cust": 1.5}}, "quality.orphan_rate_max.cust", "from 0 to 1"),
         ({"freshness_max_minutes": 0}, "quality.freshness_max_minutes", "positive"),
         ({"severity": {"freshness": "error"}}, "quality.severity.freshness", "'warn' or 'fail'"),
+        ({"quarantine_max": {"orders": 0}}, "quality.quarantine_max.orders", "not a source"),
+        ({"quarantine_max": {"lhs": -1}}, "quality.quarantine_max.lhs", "whole number"),
+        ({"quarantine_max": 0.5}, "quality.quarantine_max", "whole number"),
         (
             {"expectations": [{"expectation": "expect_unicorns"}]},
             "quality.expectations[0].expectation",
@@ -263,6 +268,23 @@ def test_freshness_compares_the_newest_event_with_the_wall_clock(lake, storage):
     assert late.observed.startswith("newest event 10 min old")
     fresh = check(_with_quality(lake, {"freshness_max_minutes": 11}), storage, now=NOW, write=False)
     assert _by_check(fresh)["freshness"].success
+
+
+def test_quarantine_max_counts_the_lines_the_run_quarantined_per_source(lake, storage):
+    quality = {"quarantine_max": {"lhs": 0, "rhs": 3}}
+    clean = _by_check(check(_with_quality(lake, quality), storage, now=NOW, write=False))
+    assert clean["quarantine:lhs"].success and clean["quarantine:rhs"].success
+    assert clean["quarantine:lhs"].observed == "0 line(s) quarantined by the run, max 0"
+
+    # What a run that quarantined lines records in its report (the run log's ``report`` column).
+    settings = parse_quality(_with_quality(lake, {**quality, "severity": {"quarantine": "warn"}}))
+    reasons = {"not JSON": 4}
+    run_report = {"steps": {"ingest": {"lhs": {"events": 9, "quarantined": 4, "reasons": reasons}}}}
+    results = {r.check: r for r in _check_quarantine(_context(), settings, run_report)}
+    assert not results["quarantine:lhs"].success and results["quarantine:lhs"].severity == "warn"
+    assert results["quarantine:lhs"].observed == "4 line(s) quarantined by the run, max 0"
+    assert results["quarantine:lhs"].details["reasons"] == reasons
+    assert results["quarantine:rhs"].success  # no ingest counts for rhs: nothing quarantined
 
 
 # -- cdc-join check ---------------------------------------------------------------------------------
