@@ -26,7 +26,7 @@ from cdc_join.storage import get_storage
 from tests.support import make_pipeline
 
 
-def simulate(runs: int, work: Path, verify_every: int, seed: int) -> dict[str, Any]:
+def simulate(runs: int, work: Path, verify_every: int, seed: int, out: Path | None = None) -> dict[str, Any]:
     spark = get_spark("cdc_join-longevity", quiet=True)
     storage = get_storage(spark, "delta-rs")
     pipeline, w = make_pipeline(work, spark, storage, join_type="left")
@@ -69,6 +69,8 @@ def simulate(runs: int, work: Path, verify_every: int, seed: int) -> dict[str, A
         rows.append(row)
         if n % 50 == 0:
             print(json.dumps(row), flush=True)
+            if out is not None:  # a simulation stopped part way still leaves its runs so far
+                out.write_text(json.dumps({"runs": rows, "summary": summarize(rows)}, indent=1) + "\n")
     return {"runs": rows, "summary": summarize(rows)}
 
 
@@ -93,7 +95,7 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="cdc_join_longevity_"))
-    result = simulate(args.runs, work, args.verify_every, args.seed)
+    result = simulate(args.runs, work, args.verify_every, args.seed, Path(args.out) if args.out else None)
     print(json.dumps(result["summary"], indent=1))
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
