@@ -502,8 +502,7 @@ def _listing_since(storage: Storage, config: PipelineConfig) -> datetime | None:
     latest = max(newest)
     if not isinstance(latest, datetime):
         return None
-    latest = latest if latest.tzinfo else latest.replace(tzinfo=timezone.utc)
-    return latest - timedelta(hours=hours)
+    return _utc(latest) - timedelta(hours=hours)
 
 
 def _logged(
@@ -547,16 +546,13 @@ def _may_hold(names: Sequence[str], low: Any, high: Any) -> bool:
     return at < len(names) and names[at] <= high
 
 
+def _utc(value: datetime) -> datetime:
+    """A timestamp read back from a table (naive means UTC) as an aware one."""
+    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+
+
 def _epoch_ms(value: datetime) -> int:
-    return round((value if value.tzinfo else value.replace(tzinfo=timezone.utc)).timestamp() * 1000)
-
-
-def ingested_files(storage: Storage, config: PipelineConfig, source_name: str) -> dict[str, int | None]:
-    """The landing files of ``source_name`` the ingest log records as done, with their sizes."""
-    if not storage.exists(config.ingest_log_path):
-        return {}
-    log = storage.read(config.ingest_log_path).filter(F.col("source") == source_name)
-    return {r["file"]: r["size"] for r in log.select("file", "size").collect()}
+    return round(_utc(value).timestamp() * 1000)
 
 
 def _known_row(storage: Storage, bronze_path: str) -> StructType | None:
