@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import reduce
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -101,19 +102,30 @@ def current_from_bronze(storage: Storage, config: PipelineConfig, name: str) -> 
     return state.from_events(events, source, state.state_schema(row_type), run_id=0)
 
 
-def expected_silver(storage: Storage, config: PipelineConfig, source: str = "bronze") -> DataFrame:
-    """Silver as it should be: the join of the sources' current rows (upserts only)."""
+def expected_silver(
+    storage: Storage,
+    config: PipelineConfig,
+    source: str = "bronze",
+    current: Mapping[str, DataFrame] | None = None,
+) -> DataFrame:
+    """Silver as it should be: the join of the sources' current rows (upserts only).
+
+    ``current``: the sources' current rows (tombstones included) when already at hand."""
     if source not in SOURCES:
         raise ValueError(f"source must be one of {SOURCES}, not {source!r}")
-    current = {
+    current = current or _current(storage, config, source)
+    right = {join.alias: _right_rows(current[join.right], config, join) for join in config.joins}
+    rows = resolve.build_rows(config, current[config.left], right, run_id=0)
+    return rows.filter(F.col(ACTION) == "upsert")
+
+
+def _current(storage: Storage, config: PipelineConfig, source: str) -> dict[str, DataFrame]:
+    return {
         name: current_from_bronze(storage, config, name)
         if source == "bronze"
         else state.read_current(storage, config.state_path(name), config.sources[name].primary_key)
         for name in config.sources
     }
-    right = {join.alias: _right_rows(current[join.right], config, join) for join in config.joins}
-    rows = resolve.build_rows(config, current[config.left], right, run_id=0)
-    return rows.filter(F.col(ACTION) == "upsert")
 
 
 def _right_rows(rows: DataFrame, config: PipelineConfig, join) -> DataFrame:  # type: ignore[no-untyped-def]
@@ -130,59 +142,100 @@ def _right_rows(rows: DataFrame, config: PipelineConfig, join) -> DataFrame:  # 
 def verify(
     storage: Storage, config: PipelineConfig, *, samples: int = 5, source: str = "bronze"
 ) -> VerifyReport:
-    """Compare silver with :func:`expected_silver` row for row (and the internal tables)."""
+    """Compare silver with :func:`expected_silver` row for row (and the internal tables).
+
+    Every count comes from one Spark job (:func:`_count_all`); rows are sampled only when
+    silver differs."""
     keys = silver_key_columns(config)
     columns = [*keys, *output_columns(config)]
-    expected = expected_silver(storage, config, source).select(*quoted(columns)).cache()
+    if source not in SOURCES:
+        raise ValueError(f"source must be one of {SOURCES}, not {source!r}")
+    # Built and cached once: the silver and the internal checks read it three times.
+    current = {name: rows.cache() for name, rows in _current(storage, config, source).items()}
+    expected = expected_silver(storage, config, source, current).select(*quoted(columns)).cache()
+    cached = [*current.values(), expected]
     try:
         if storage.exists(config.silver_path):
             actual = storage.read(config.silver_path).select(*quoted(columns))
         else:
             actual = expected.limit(0)
         only_expected, only_actual = expected.exceptAll(actual).cache(), actual.exceptAll(expected).cache()
-        missing = only_expected.join(actual, keys, "left_anti")
-        extra = only_actual.join(expected, keys, "left_anti")
-        different = only_expected.join(actual, keys, "left_semi")
-        shown = [f"missing {r.asDict()}" for r in missing.limit(samples).collect()]
-        shown += [f"extra {r.asDict()}" for r in extra.limit(samples).collect()]
-        shown += [f"different {r.asDict()}" for r in different.limit(samples).collect()]
-        report = VerifyReport(
-            expected_rows=expected.count(),
-            silver_rows=actual.count(),
-            missing=missing.count(),
-            extra=extra.count(),
-            different=different.count(),
-            samples=tuple(shown),
-            source=source,
-        )
+        cached += [only_expected, only_actual]
+        silver = {
+            "expected": expected,
+            "silver": actual,
+            "missing": only_expected.join(actual, keys, "left_anti"),
+            "extra": only_actual.join(expected, keys, "left_anti"),
+            "different": only_expected.join(actual, keys, "left_semi"),
+        }
+        internal = _internal_differences(storage, config, current) if source == "bronze" else {}
+        counts = _count_all({**silver, **internal})
+        shown = [
+            f"{kind} {r.asDict()}"
+            for kind in ("missing", "extra", "different")
+            if counts[kind]
+            for r in silver[kind].limit(samples).collect()
+        ]
     finally:
-        expected.unpersist()
-    if source != "bronze":
-        return report
-    differences, subscriptions = _internal_differences(storage, config)
+        for frame in cached:
+            frame.unpersist()
     return VerifyReport(
-        **{**report.__dict__, "state_differences": differences, "subscription_differences": subscriptions}
+        expected_rows=counts["expected"],
+        silver_rows=counts["silver"],
+        missing=counts["missing"],
+        extra=counts["extra"],
+        different=counts["different"],
+        samples=tuple(shown),
+        state_differences=_summed(counts, "state:", list(config.sources)) if internal else {},
+        subscription_differences=(
+            _summed(counts, "subscription:", [j.alias for j in config.joins]) if internal else {}
+        ),
+        source=source,
     )
 
 
-def _internal_differences(storage: Storage, config: PipelineConfig) -> tuple[dict[str, int], dict[str, int]]:
-    """Per source, keys whose live state row is not bronze's newest event of the key; per join,
-    live left rows whose subscription is missing or holds another hash than the state row."""
-    states: dict[str, int] = {}
+def _count_all(parts: Mapping[str, DataFrame]) -> dict[str, int]:
+    """The row count of every frame, in one Spark job (a union of labels, grouped)."""
+    labelled = [frame.select(F.lit(label).alias("part")) for label, frame in parts.items()]
+    union = reduce(DataFrame.unionAll, labelled)
+    found = {r["part"]: r["n"] for r in union.groupBy("part").agg(F.count(F.lit(1)).alias("n")).collect()}
+    return {label: found.get(label, 0) for label in parts}
+
+
+def _summed(counts: Mapping[str, int], prefix: str, names: list[str]) -> dict[str, int]:
+    """Per name, the sum of the counts labelled ``prefix + name`` (``…:a``/``…:b`` parts too);
+    names without any part (no state table to compare, e.g.) are left out."""
+    out: dict[str, int] = {}
+    for label, count in counts.items():
+        if label.startswith(prefix):
+            name = label[len(prefix) :].rsplit("\x00", 1)[0]
+            out[name] = out.get(name, 0) + count
+    return {n: out[n] for n in names if n in out}
+
+
+def _internal_differences(
+    storage: Storage, config: PipelineConfig, from_bronze: Mapping[str, DataFrame]
+) -> dict[str, DataFrame]:
+    """Frames whose rows are the differences of the internal tables, labelled for
+    :func:`_count_all`. Per source (``state:<name>``), keys whose live state row is not bronze's
+    newest event of the key, both ways; per join (``subscription:<alias>``), live left rows
+    whose subscription is missing or holds another hash than the state row. ``from_bronze``:
+    :func:`current_from_bronze` of every source."""
+    parts: dict[str, DataFrame] = {}
     stored: dict[str, DataFrame] = {}
     for name, source in config.sources.items():
-        bronze = current_from_bronze(storage, config, name).filter(~F.col(DELETED))
+        bronze = from_bronze[name].filter(~F.col(DELETED))
         path = config.state_path(name)
         if not storage.exists(path):
-            states[name] = bronze.count()
+            parts[f"state:{name}"] = bronze
             continue
         stored[name] = state.current_rows(storage.read(path), list(source.primary_key))
         identity = [*quoted(source.primary_key), SEQ, FILE, LINE]
         ours, theirs = stored[name].select(*identity), bronze.select(*identity)
-        states[name] = ours.exceptAll(theirs).count() + theirs.exceptAll(ours).count()
-    subscriptions: dict[str, int] = {}
+        parts[f"state:{name}"] = ours.exceptAll(theirs)
+        parts[f"state:{name}\x00bronze"] = theirs.exceptAll(ours)
     if config.left not in stored:
-        return states, subscriptions
+        return parts
     left = config.left_source
     rows = stored[config.left].select(F.struct(*quoted(stored[config.left].columns)).alias("row"))
     for join in config.joins:
@@ -194,8 +247,8 @@ def _internal_differences(storage: Storage, config: PipelineConfig) -> tuple[dic
         )
         path = config.subscription_path(join)
         if not storage.exists(path):
-            subscriptions[join.alias] = wanted.count()
+            parts[f"subscription:{join.alias}"] = wanted
             continue
         have, _ = subscription.current(storage, path, join, left)
-        subscriptions[join.alias] = wanted.exceptAll(have.select(*wanted.columns)).count()
-    return states, subscriptions
+        parts[f"subscription:{join.alias}"] = wanted.exceptAll(have.select(*wanted.columns))
+    return parts
