@@ -4,18 +4,22 @@ The TPC-H workload at scale 0.001 (1,500 orders, 150 customers): snapshot, initi
 forced ``optimize``, then one change batch of every refresh function with duplicates, followed
 by the incremental run, the Spark full refresh and the DuckDB full join, whose outputs must
 agree row for row. The real measurements are ``python -m benchmarks.run`` (see
-``benchmarks/README.md``); they are not part of the test suite.
+``benchmarks/README.md``); they are not part of the test suite. A deep check: CI runs it
+(``python -m pytest -m deep``), the default run leaves it out.
 """
 
 from __future__ import annotations
 
 import json
 
+import pytest
+
 from benchmarks.run import bench_scale
 from cdc_join.config import load_config
 from cdc_join.maintenance import optimize_pipeline
 
 
+@pytest.mark.deep
 def test_benchmark_runs_end_to_end_and_outputs_agree(tmp_path, spark, storage):
     lines: list[str] = []
     result = bench_scale(

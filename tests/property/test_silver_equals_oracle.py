@@ -17,7 +17,7 @@ Three tables: ``lhs`` joined to ``rhs`` on a composite foreign key ``(a, b)`` an
   step, then run again.
 
 The oracle recomputes the join in plain Python from the delivered events. Examples:
-``CDC_JOIN_PROPERTY_EXAMPLES`` (default 6), or ``CDC_JOIN_PROPERTY_PROFILE=slow`` for 300
+``CDC_JOIN_PROPERTY_EXAMPLES`` (default 3; CI runs 12), or ``CDC_JOIN_PROPERTY_PROFILE=slow`` for 300
 with shrinking.
 """
 
@@ -87,7 +87,7 @@ RUN_CRASHES = [
 ]
 REFRESH_CRASHES = ["state:lhs", "state:rhs2", "subscription:rhs", "resolve", "silver"]
 PROFILE = os.environ.get("CDC_JOIN_PROPERTY_PROFILE", "")
-EXAMPLES = int(os.environ.get("CDC_JOIN_PROPERTY_EXAMPLES", "300" if PROFILE == "slow" else "6"))
+EXAMPLES = int(os.environ.get("CDC_JOIN_PROPERTY_EXAMPLES", "300" if PROFILE == "slow" else "3"))
 # An example costs tens of seconds of Spark: shrinking a failure can take longer than the whole
 # suite, so only the slow profile shrinks. Without it a failure still prints its full example
 # and a @reproduce_failure blob to replay it.

@@ -216,17 +216,22 @@ def test_forced_plans_give_the_same_silver_and_say_why(tmp_path, spark, storage)
         pipeline.run(plan="fastest")
 
 
-def test_tables_that_grow_by_a_file_per_run_are_compacted_by_the_maintenance_policy(tmp_path, spark, storage):
-    from cdc_join.maintenance import MAX_SMALL_FILES, optimize_pipeline
+def test_tables_that_grow_by_a_file_per_run_are_compacted_by_the_maintenance_policy(
+    tmp_path, spark, storage, monkeypatch
+):
+    from cdc_join import maintenance
+    from cdc_join.maintenance import optimize_pipeline
 
+    monkeypatch.setattr(maintenance, "MAX_SMALL_FILES", 3)  # the policy's threshold, reached in 5 runs
+    threshold = maintenance.MAX_SMALL_FILES
     pipeline, w = make_pipeline(tmp_path, spark, storage)
     cfg = pipeline.config
     w.write("rhs", [w.upsert("rhs", {"id": 1, "value": "r1"}, 1)])
-    for n in range(MAX_SMALL_FILES + 2):  # a run log row, an ingest log row and a bronze file per run
+    for n in range(threshold + 2):  # a run log row, an ingest log row and a bronze file per run
         w.write("lhs", [w.upsert("lhs", {"id": f"k{n}", "fk": 1, "v": n}, 10 + n)])
         pipeline.run()
     grown = {p: len(storage.files(p)) for p in (cfg.runs_path, cfg.ingest_log_path, cfg.bronze_path("lhs"))}
-    assert all(n > MAX_SMALL_FILES for n in grown.values()), grown
+    assert all(n > threshold for n in grown.values()), grown
     done = {r["path"]: r for r in optimize_pipeline(storage, cfg)}
     for path in grown:
         assert done[path]["action"] == "compact", done[path]
