@@ -135,7 +135,10 @@ class Pipeline:
         )
         pinned = {name: a.version for name, a in applied.items()}
         if decision.recompute:
-            self._recompute(pinned, report, begin, applied[cfg.left].changes)
+            # New or changed joins have no subscriptions for the rows that did not change:
+            # rebuild them all from the current left rows, as a full refresh does.
+            rebuild = not first_run and silver.joins_redefined(previous.silver, cfg)
+            self._recompute(pinned, report, begin, None if rebuild else applied[cfg.left].changes)
         else:
             self._incremental(applied[cfg.left].changes, left_current, subscribers, pinned, report, begin)
         watermarks = {n: a.watermark for n, a in applied.items() if a.watermark}

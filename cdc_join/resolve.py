@@ -72,9 +72,16 @@ def check(
         if changed.num_rows
         else subscribers.table
     )
-    names = {c: p for c, p in zip(left.primary_key, pks, strict=True)}
-    names |= {c: f"__cur_{c}" for c in join.foreign_key} | {HASH: "__cur_hash", DELETED: "__cur_deleted"}
-    current = left_current.table.select(list(names)).rename_columns(list(names.values()))
+    # A column may be both a key part and a foreign-key part (order lines keyed by
+    # (order_id, line_no) joined on order_id): each role gets its own copy.
+    roles = [
+        *zip(left.primary_key, pks, strict=True),
+        *((c, f"__cur_{c}") for c in join.foreign_key),
+        (HASH, "__cur_hash"),
+        (DELETED, "__cur_deleted"),
+    ]
+    table = left_current.table
+    current = pa.table({name: table.column(column) for column, name in roles})
     # Key types agree unless a key column widened since the subscriptions were written.
     found = found.cast(
         pa.schema(

@@ -113,6 +113,15 @@ def redefined(previous: Mapping[str, Any] | None, config: PipelineConfig) -> str
     return f"silver's definition changed since the last run ({'; '.join(parts) or 'select order'})"
 
 
+def joins_redefined(previous: Mapping[str, Any] | None, config: PipelineConfig) -> bool:
+    """Whether the left source or a join changed since the last run's definition: the
+    subscription tables then describe other joins and must be rebuilt, not appended to."""
+    if previous is None:
+        return False
+    now = definition(config)
+    return any(previous.get(key) != now[key] for key in ("left", "joins"))
+
+
 def write_all(
     storage: Storage, config: PipelineConfig, rows: DataFrame, expected_version: int | None
 ) -> dict[str, Any]:

@@ -346,7 +346,9 @@ def rebuild(
         )
         .orderBy(*fk_columns(join), *pk_columns(left))
     )
-    return storage.overwrite(path, rows).rows_inserted or 0
+    # A join whose foreign key changed under the same alias leaves the old fk columns behind.
+    reshaped = set(storage.schema(path).names) != set(rows.columns)
+    return storage.overwrite(path, rows, replace_schema=reshaped).rows_inserted or 0
 
 
 def write_all(

@@ -128,3 +128,31 @@ def test_left_row_changing_value_but_not_fk_updates_silver_in_place(tmp_path, sp
     kinds = sorted(c for c, _ in _silver_changes(pipeline, before + 1))
     assert kinds == ["update_postimage", "update_preimage"]
     assert silver_rows(pipeline) == {("k", 1, 5, "one")}
+
+
+def test_a_key_column_that_is_also_the_foreign_key_joins_and_follows_right_changes(tmp_path, spark, storage):
+    # Order lines keyed by (order_id, line_no), joined to their order on order_id.
+    tables = {
+        "lines": {"order_id": "int64", "line_no": "int64", "qty": "int64"},
+        "orders": {"id": "int64", "who": "string"},
+    }
+    pipeline, w = make_pipeline(
+        tmp_path,
+        spark,
+        storage,
+        tables=tables,
+        left="lines",
+        joins=[{"right": "orders", "foreign_key": ["order_id"], "type": "inner"}],
+        select={"o": "lines.order_id", "l": "lines.line_no", "who": "orders.who"},
+        primary_keys={"lines": ["order_id", "line_no"], "orders": ["id"]},
+    )
+    lsn = Lsn()
+    w.write("orders", [w.upsert("orders", {"id": 1, "who": "x"}, lsn())])
+    w.write("lines", [w.upsert("lines", {"order_id": 1, "line_no": n, "qty": 1}, lsn()) for n in (1, 2)])
+    pipeline.run()
+    assert silver_rows(pipeline) == {(1, 1, "x"), (1, 2, "x")}
+    w.write("orders", [w.upsert("orders", {"id": 1, "who": "y"}, lsn())])
+    report = pipeline.run()
+    assert report.steps["resolve"]["affected_keys"] == 2
+    assert silver_rows(pipeline) == {(1, 1, "y"), (1, 2, "y")}
+    assert pipeline.verify().ok

@@ -87,3 +87,62 @@ def test_a_dropped_or_retyped_column_replaces_silver_s_schema_in_one_commit(tmp_
         ("c", "#2", "r1*"),
     }
     assert changed.verify().ok
+
+
+def _with_spec(pipeline: Pipeline, change) -> Pipeline:
+    path = pipeline.config.config_path
+    spec = yaml.safe_load(path.read_text())
+    change(spec)
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return Pipeline(load_config(path), pipeline.spark, pipeline.storage)
+
+
+GROUPS = {
+    "lhs": {"id": "string", "fk": "int64", "g": "int64", "v": "int64"},
+    "rhs": {"id": "int64", "value": "string"},
+    "grp": {"id": "int64", "name": "string"},
+}
+
+
+def test_an_added_join_subscribes_every_left_row_so_later_right_changes_reach_them(tmp_path, spark, storage):
+    pipeline, w = make_pipeline(
+        tmp_path, spark, storage, tables=GROUPS, join_type="left", select={"key": "lhs.id", "value": "rhs.value"}
+    )
+    w.write("rhs", [w.upsert("rhs", {"id": 1, "value": "r1"}, 1)])
+    w.write("grp", [w.upsert("grp", {"id": 7, "name": "g7"}, 2)])
+    w.write("lhs", [w.upsert("lhs", {"id": k, "fk": 1, "g": 7, "v": 1}, 10 + n) for n, k in enumerate("abc")])
+    pipeline.run()
+
+    def add_join(spec):
+        spec["joins"].append({"right": "grp", "foreign_key": ["g"], "type": "left"})
+        spec["select"]["gname"] = "grp.name"
+
+    joined = _with_spec(pipeline, add_join)
+    assert "joins changed" in joined.run().steps["plan"]["reason"]  # no new left event
+    assert silver_rows(joined, ["key", "gname"]) == {("a", "g7"), ("b", "g7"), ("c", "g7")}
+    w.write("grp", [w.upsert("grp", {"id": 7, "name": "g7*"}, 30)])
+    assert joined.run().steps["plan"]["decision"] == "incremental"
+    assert silver_rows(joined, ["key", "gname"]) == {("a", "g7*"), ("b", "g7*"), ("c", "g7*")}
+    assert joined.verify().ok
+
+
+def test_a_join_whose_foreign_key_changes_subscribes_the_new_key_not_the_old(tmp_path, spark, storage):
+    tables = {"lhs": GROUPS["lhs"], "grp": GROUPS["grp"]}
+    joins = [{"right": "grp", "foreign_key": ["fk"], "type": "left"}]
+    pipeline, w = make_pipeline(
+        tmp_path, spark, storage, tables=tables, joins=joins, select={"key": "lhs.id", "gname": "grp.name"}
+    )
+    w.write("grp", [w.upsert("grp", {"id": i, "name": f"g{i}"}, i) for i in (1, 7)])
+    w.write("lhs", [w.upsert("lhs", {"id": k, "fk": 1, "g": 7, "v": 1}, 10 + n) for n, k in enumerate("abc")])
+    pipeline.run()
+
+    def on_g(spec):
+        spec["joins"][0]["foreign_key"] = ["g"]
+
+    moved = _with_spec(pipeline, on_g)
+    moved.run()
+    assert silver_rows(moved, ["key", "gname"]) == {("a", "g7"), ("b", "g7"), ("c", "g7")}
+    w.write("grp", [w.upsert("grp", {"id": 1, "name": "g1*"}, 30), w.upsert("grp", {"id": 7, "name": "g7*"}, 31)])
+    moved.run()
+    assert silver_rows(moved, ["key", "gname"]) == {("a", "g7*"), ("b", "g7*"), ("c", "g7*")}
+    assert moved.verify().ok
