@@ -106,7 +106,12 @@ GROUPS = {
 
 def test_an_added_join_subscribes_every_left_row_so_later_right_changes_reach_them(tmp_path, spark, storage):
     pipeline, w = make_pipeline(
-        tmp_path, spark, storage, tables=GROUPS, join_type="left", select={"key": "lhs.id", "value": "rhs.value"}
+        tmp_path,
+        spark,
+        storage,
+        tables=GROUPS,
+        join_type="left",
+        select={"key": "lhs.id", "value": "rhs.value"},
     )
     w.write("rhs", [w.upsert("rhs", {"id": 1, "value": "r1"}, 1)])
     w.write("grp", [w.upsert("grp", {"id": 7, "name": "g7"}, 2)])
@@ -142,7 +147,9 @@ def test_a_join_whose_foreign_key_changes_subscribes_the_new_key_not_the_old(tmp
     moved = _with_spec(pipeline, on_g)
     moved.run()
     assert silver_rows(moved, ["key", "gname"]) == {("a", "g7"), ("b", "g7"), ("c", "g7")}
-    w.write("grp", [w.upsert("grp", {"id": 1, "name": "g1*"}, 30), w.upsert("grp", {"id": 7, "name": "g7*"}, 31)])
+    w.write(
+        "grp", [w.upsert("grp", {"id": 1, "name": "g1*"}, 30), w.upsert("grp", {"id": 7, "name": "g7*"}, 31)]
+    )
     moved.run()
     assert silver_rows(moved, ["key", "gname"]) == {("a", "g7*"), ("b", "g7*"), ("c", "g7*")}
     assert moved.verify().ok
