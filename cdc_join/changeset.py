@@ -240,6 +240,15 @@ def collect(df: DataFrame) -> pa.Table:
     return table
 
 
+def same_values(a: Any, b: Any) -> Any:
+    """Per row: the values are equal, as Spark compares keys (NaN equals NaN); null where
+    either is null."""
+    equal = pc.equal(a, b)
+    if pa.types.is_floating(a.type) and pa.types.is_floating(b.type):
+        equal = pc.or_(equal, pc.and_(pc.is_nan(a), pc.is_nan(b)))
+    return equal
+
+
 def distinct_rows(table: pa.Table, columns: Sequence[str]) -> pa.Table:
     """The distinct rows of ``table[columns]``."""
     return table.select(list(columns)).group_by(list(columns), use_threads=False).aggregate([])

@@ -29,7 +29,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, StructField, StructType
 
 from cdc_join import lookup, state, subscription
-from cdc_join.changeset import ChangeSet, materialize
+from cdc_join.changeset import ChangeSet, materialize, same_values
 from cdc_join.config import JoinConfig, JoinType, PipelineConfig
 from cdc_join.errors import ConfigError
 from cdc_join.lookup import RIGHT, RIGHT_SEQ
@@ -94,7 +94,7 @@ def check(
     joined = found.join(current, keys=pks, join_type="left outer")
     gone = pc.fill_null(joined.column("__cur_deleted"), True)
     same = [
-        pc.fill_null(pc.equal(joined.column(f), joined.column(f"__cur_{c}")), False)
+        pc.fill_null(same_values(joined.column(f), joined.column(f"__cur_{c}")), False)
         for c, f in zip(join.foreign_key, fk_columns(join), strict=True)
     ]
     same_fk = functools.reduce(pc.and_, same)

@@ -40,7 +40,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType
 
-from cdc_join.changeset import ChangeSet, arrow_schema, from_arrow
+from cdc_join.changeset import ChangeSet, arrow_schema, from_arrow, same_values
 from cdc_join.config import JoinConfig, JoinType, PipelineConfig, SourceConfig
 from cdc_join.report import Step
 from cdc_join.schemas import quote, quoted
@@ -192,7 +192,7 @@ def _differs(old: Any, new: Any) -> Any:
     """Per row: the values differ, or either is null (a void column: no value at all yet)."""
     if pa.types.is_null(old.type) or pa.types.is_null(new.type):
         return pa.array([True] * len(old), pa.bool_())
-    return pc.fill_null(pc.not_equal(old, new), True)
+    return pc.fill_null(pc.invert(same_values(old, new)), True)
 
 
 def _all_valid(live: Any, parts: list[Any]) -> Any:

@@ -20,7 +20,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import StringType, StructField, StructType
+from pyspark.sql.types import DoubleType, FloatType, StringType, StructField, StructType
 
 from cdc_join.storage.base import FileStats, Storage
 
@@ -111,7 +111,12 @@ def candidate_files(
             values = [r.k for r in few]
         else:
             return _range_join(storage, ranged, unranged, wanted, column, data_type)
-    ordered = sorted({v for v in values if v is not None}, key=_sort_key)
+    wanted_values = {v for v in values if v is not None}
+    if any(_is_nan(v) for v in wanted_values):
+        # NaN equals NaN in Spark's joins but sorts and compares with nothing: no file range
+        # can be trusted to exclude it.
+        return [f.path for f in files]
+    ordered = sorted(wanted_values, key=_sort_key)
     return sorted(unranged | {f.path for f in ranged if _holds_any(f, column, ordered)})
 
 
@@ -130,7 +135,10 @@ def _range_join(
             [StructField("path", StringType()), StructField("lo", data_type), StructField("hi", data_type)]
         ),
     )
-    hits = F.broadcast(ranges).join(wanted, (wanted.k >= ranges.lo) & (wanted.k <= ranges.hi))
+    inside = (wanted.k >= ranges.lo) & (wanted.k <= ranges.hi)
+    if isinstance(data_type, (DoubleType, FloatType)):
+        inside = inside | F.isnan(wanted.k) | F.isnan(ranges.lo) | F.isnan(ranges.hi)
+    hits = F.broadcast(ranges).join(wanted, inside)
     return sorted(unranged | {r.path for r in hits.select("path").distinct().collect()})
 
 
@@ -171,9 +179,15 @@ def _sort_key(value: object) -> tuple[str, object]:
     return (type(value).__name__, value)
 
 
+def _is_nan(value: object) -> bool:
+    return isinstance(value, float) and math.isnan(value)
+
+
 def _holds_any(file: FileStats, column: str, values: list) -> bool:
     """Whether a sorted list of keys has one inside the file's range (bisect; True if unsure)."""
     lo, hi = file.min_values[column], file.max_values[column]
+    if _is_nan(lo) or _is_nan(hi):
+        return True
     try:
         i = bisect.bisect_left(values, lo)
         return i < len(values) and values[i] <= hi
