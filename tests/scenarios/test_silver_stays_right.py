@@ -363,7 +363,7 @@ def test_a_nan_foreign_key_joins_and_follows_its_right_row_across_files(tmp_path
     }
     pipeline, w = make_pipeline(tmp_path, spark, storage, tables=tables, join_type="left")
     nan, lsn = float("nan"), 0
-    for i, key in enumerate([1.5, 2.5, nan, 3.5]):  # one run each: every key in its own state files
+    for i, key in enumerate([1.0, 2.0, nan, 3.0]):  # one run each: every key in its own state files
         w.write("rhs", [_quoted_nan(w.upsert("rhs", {"id": key, "value": f"r{i}"}, lsn := lsn + 1))])
         w.write("lhs", [_quoted_nan(w.upsert("lhs", {"id": f"k{i}", "fk": key, "v": 1}, lsn := lsn + 1))])
         pipeline.run()
@@ -372,12 +372,18 @@ def test_a_nan_foreign_key_joins_and_follows_its_right_row_across_files(tmp_path
         return {(key, value) for key, _, _, value in silver_rows(pipeline)}
 
     assert joined() == {("k0", "r0"), ("k1", "r1"), ("k2", "r2"), ("k3", "r3")}
-    w.write("rhs", [_quoted_nan(w.upsert("rhs", {"id": nan, "value": "r2*"}, lsn := lsn + 1))])
+    # Two keys at once: a NaN among the wanted values used to unsort them and skip 2.0's file.
+    changed = [
+        w.upsert("rhs", {"id": nan, "value": "r2*"}, lsn + 1),
+        w.upsert("rhs", {"id": 2.0, "value": "r1*"}, lsn + 2),
+    ]
+    lsn += 2
+    w.write("rhs", [_quoted_nan(e) for e in changed])
     pipeline.run()
-    assert joined() == {("k0", "r0"), ("k1", "r1"), ("k2", "r2*"), ("k3", "r3")}
+    assert joined() == {("k0", "r0"), ("k1", "r1*"), ("k2", "r2*"), ("k3", "r3")}
     w.write("lhs", [_quoted_nan(w.upsert("lhs", {"id": "k2", "fk": nan, "v": 2}, lsn := lsn + 1))])
     pipeline.run()
     w.write("rhs", [_quoted_nan(w.upsert("rhs", {"id": nan, "value": "r2**"}, lsn := lsn + 1))])
     pipeline.run()
-    assert joined() == {("k0", "r0"), ("k1", "r1"), ("k2", "r2**"), ("k3", "r3")}
+    assert joined() == {("k0", "r0"), ("k1", "r1*"), ("k2", "r2**"), ("k3", "r3")}
     assert pipeline.verify().ok
