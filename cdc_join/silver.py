@@ -138,6 +138,13 @@ def write_all(
         written = storage.overwrite(path, upserts, expected_version=expected_version, replace_schema=True)
         return {**NOTHING, "inserted": written.rows_inserted, "replaced": "columns dropped or retyped"}
     expected = prepare(storage, config, rows, expected_version)
+    if expected_version is None:
+        # Silver was created by this run and is empty: its rows are the upserts, written as
+        # they stream out of Spark instead of collected for a MERGE.
+        upserts = rows.filter(F.col(ACTION) == "upsert").drop(ACTION)
+        written = storage.append(path, upserts, expected_version=expected)
+        inserted = written.rows_inserted or 0
+        return {**NOTHING, "inserted": inserted, "rows_written": inserted, "files_added": written.files_added}
     changes = differences(storage, config, rows)
     if collect(changes).num_rows:
         return merge(storage, config, changes, expected_version=expected).as_counts()

@@ -49,7 +49,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -60,14 +62,19 @@ from urllib.parse import unquote
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset
+import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, QueryBuilder, write_deltalake
 from deltalake import Schema as DeltaSchema
 from deltalake.exceptions import DeltaError
+from deltalake.transaction import AddAction
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import (
+    ArrayType,
     DataType,
     DecimalType,
     LongType,
+    MapType,
+    NullType,
     StringType,
     StructField,
     StructType,
@@ -75,7 +82,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from cdc_join.changeset import ARROW_ATTRIBUTE, arrow_of, to_arrow
+from cdc_join.changeset import ARROW_ATTRIBUTE, arrow_of, arrow_schema, to_arrow
 from cdc_join.errors import ConcurrentRunError, StorageError
 from cdc_join.schemas import changed_types, conform, merge_schemas, nullable
 from cdc_join.storage.base import FileStats, MergeSpec, WriteMetrics, is_table_name
@@ -232,6 +239,115 @@ def stat_upper_bound(data_type: DataType, value: Any) -> Any:
     return value
 
 
+def _has_null_type(data_type: DataType) -> bool:
+    if isinstance(data_type, NullType):
+        return True
+    if isinstance(data_type, StructType):
+        return any(_has_null_type(f.dataType) for f in data_type.fields)
+    if isinstance(data_type, ArrayType):
+        return _has_null_type(data_type.elementType)
+    if isinstance(data_type, MapType):
+        return _has_null_type(data_type.keyType) or _has_null_type(data_type.valueType)
+    return False
+
+
+#: A staged write hands delta-rs at most this many rows (or bytes) at a time, as one batch.
+STAGE_ROWS = 1_000_000
+STAGE_BYTES = 256 * 1024 * 1024
+_STAGING_PREFIX = "cdc_join-staged-"
+
+
+def _spilled(df: DataFrame, folder: str) -> pa.RecordBatchReader:
+    """Write ``df`` as parquet into ``folder`` (Spark, in parallel) and stream it back in order.
+
+    Spark names its part files in partition order and keeps each partition's row order, so
+    reading the files by name gives the frame's order. Batches are cast to the Arrow types a
+    collect would give (timestamps as UTC instants, Spark's INT96 read as microseconds).
+    """
+    df.write.parquet(folder)
+    files = sorted(f for f in os.listdir(folder) if f.endswith(".parquet"))
+    schema = arrow_schema(df.schema)
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        for name in files:
+            handle = pq.ParquetFile(os.path.join(folder, name), coerce_int96_timestamp_unit="us")
+            for batch in handle.iter_batches(batch_size=65_536):
+                yield batch.select(schema.names).cast(schema)
+
+    return pa.RecordBatchReader.from_batches(schema, batches())
+
+
+def _stages(rows: pa.RecordBatchReader, target: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """The rows as batches of the target's exact types, each of up to :data:`STAGE_ROWS` rows.
+
+    The cast is the check delta-rs would make: a null in a NOT NULL column fails it. A column
+    the table has and the rows lack is null.
+    """
+    pending: list[pa.RecordBatch] = []
+    size = count = 0
+    for batch in rows:
+        columns = [
+            batch.column(f.name) if f.name in batch.schema.names else pa.nulls(batch.num_rows, f.type)
+            for f in target
+        ]
+        try:
+            pending.append(pa.RecordBatch.from_arrays(columns, names=target.names).cast(target))
+        except (pa.ArrowInvalid, ValueError) as e:
+            raise StorageError(f"rows do not fit the table's schema: {e}") from None
+        size, count = size + pending[-1].nbytes, count + batch.num_rows
+        if count >= STAGE_ROWS or size >= STAGE_BYTES:
+            yield pa.Table.from_batches(pending, target).combine_chunks().to_batches()[0]
+            pending, size, count = [], 0, 0
+    if pending:
+        yield pa.Table.from_batches(pending, target).combine_chunks().to_batches()[0]
+
+
+def _staged_write(
+    dt: DeltaTable,
+    root: str,
+    rows: pa.RecordBatchReader,
+    target: pa.Schema,
+    mode: Literal["append", "overwrite"],
+    expected_version: int | None,
+) -> int:
+    """Write a stream of rows of any size into a table in one commit; returns the rows written.
+
+    Each stage goes to a staging table inside the table's folder as one batch, so delta-rs
+    writes its files in order (with their statistics); the staged files are then committed to
+    the table as one append or overwrite. Files of a write killed before its commit are not in
+    the table's log: they are never read, and a VACUUM removes them.
+    """
+    folder = f"{_STAGING_PREFIX}{uuid.uuid4().hex}"
+    staging = os.path.join(root, folder)
+    size = int(dt.metadata().configuration.get("delta.targetFileSize") or 0) or None
+    for stage in _stages(rows, target):
+        write_deltalake(staging, stage, mode="append", target_file_size=size)
+    actions, inserted = [], 0
+    for add in _log_adds(staging):
+        stats = add.get("stats")
+        inserted += int(json.loads(stats).get("numRecords", 0)) if stats else 0
+        actions.append(
+            AddAction(f"{folder}/{add['path']}", add["size"], {}, add["modificationTime"], True, stats or "")
+        )
+    dt.create_write_transaction(
+        actions, mode=mode, schema=dt.schema(), commit_properties=_guard(expected_version)
+    )
+    shutil.rmtree(os.path.join(staging, "_delta_log"), ignore_errors=True)
+    return inserted
+
+
+def _log_adds(root: str) -> list[dict[str, Any]]:
+    """The add actions of a (small, checkpoint-free) table's log, in commit order."""
+    log = os.path.join(root, "_delta_log")
+    if not os.path.isdir(log):
+        return []
+    adds = []
+    for name in sorted(f for f in os.listdir(log) if f.endswith(".json")):
+        with open(os.path.join(log, name), encoding="utf-8") as handle:
+            adds += [a["add"] for a in map(json.loads, filter(str.strip, handle)) if "add" in a]
+    return adds
+
+
 def _plain_types(table: pa.Table) -> pa.Table:
     """``table`` with Arrow view types (which pyarrow compute does not all take) made plain."""
 
@@ -322,6 +438,7 @@ class DeltaRsStorage:
         self._latest: dict[str, DeltaTable] = {}
         self._versions: dict[tuple[str, int], DeltaTable] = {}
         self._files: dict[tuple[str, int], list[FileStats]] = {}
+        self._local_master: bool | None = None
 
     # ------------------------------------------------------------------ helpers
 
@@ -447,6 +564,17 @@ class DeltaRsStorage:
             files_skipped=files_skipped,
             extra=extra,
         )
+
+    def _can_spill(self, df: DataFrame, root: str) -> bool:
+        if not _is_local(root) or _has_null_type(df.schema):  # parquet has no void type
+            return False
+        if self._local_master is None:
+            try:
+                master = self.spark.conf.get("spark.master") or ""
+            except Exception:  # a Connect server that does not say
+                master = ""
+            self._local_master = master.startswith("local")
+        return self._local_master
 
     def _source_arrow(self, df: DataFrame, target: pa.Schema | None) -> pa.Table:
         """Collect ``df`` as Arrow, declaring NOT NULL where the target column is NOT NULL.
@@ -685,8 +813,22 @@ class DeltaRsStorage:
     ) -> WriteMetrics:
         dt = self._load_for_write(path, expected_version)
         before_version, before = dt.version(), self._file_records(dt, path)
-        data = self._source_arrow(df, pa.schema(dt.schema().to_arrow()))
-        with _delta_errors("append to" if mode == "append" else mode, path):
+        root, target = table_root(path), pa.schema(dt.schema().to_arrow())
+        action, overwrite = ("append to" if mode == "append" else mode), mode == "overwrite"
+        if schema_mode is None and arrow_of(df) is None and self._can_spill(df, root):
+            scratch = tempfile.mkdtemp(prefix="cdc_join_spill_")
+            try:
+                with _delta_errors(action, path):
+                    rows = _spilled(df, os.path.join(scratch, "rows"))
+                    inserted = _staged_write(dt, root, rows, target, mode, expected_version)
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
+            metrics = self._metrics_after(path, before_version, before, count_removed_rows=overwrite)
+            return replace(metrics, rows_inserted=inserted)
+        # One batch: delta-rs splits a single batch into files in order, but interleaves the
+        # leftovers of several batches across files, which would undo a write sorted by key.
+        data = self._source_arrow(df, target).combine_chunks()
+        with _delta_errors(action, path):
             write_deltalake(
                 dt,
                 data,
@@ -695,7 +837,7 @@ class DeltaRsStorage:
                 storage_options=self.storage_options,
                 commit_properties=_guard(expected_version),
             )
-        metrics = self._metrics_after(path, before_version, before, count_removed_rows=mode == "overwrite")
+        metrics = self._metrics_after(path, before_version, before, count_removed_rows=overwrite)
         return replace(metrics, rows_inserted=_to_int(metrics.extra["metrics"].get("num_added_rows")))
 
     def merge(
