@@ -129,14 +129,20 @@ def write_all(
     column was dropped or changed type in a way silver cannot widen to, replace every row and
     the schema in one overwrite commit. Returns the run report's counts."""
     path = config.silver_path
+    replace = None
     if expected_version is not None and _reshaped(storage.schema(path), rows.drop(ACTION).schema):
+        replace = "columns dropped or retyped"
+    elif expected_version is not None and _duplicated_keys(storage, config):
+        # Written by hand or by another tool: a MERGE would update every copy alike.
+        replace = "keys held more than once"
+    if replace is not None:
         if storage.version(path) != expected_version:
             raise ConcurrentRunError(
                 f"silver {path} moved past version {expected_version}: another run wrote it"
             )
         upserts = rows.filter(F.col(ACTION) == "upsert").drop(ACTION)
         written = storage.overwrite(path, upserts, expected_version=expected_version, replace_schema=True)
-        return {**NOTHING, "inserted": written.rows_inserted, "replaced": "columns dropped or retyped"}
+        return {**NOTHING, "inserted": written.rows_inserted, "replaced": replace}
     expected = prepare(storage, config, rows, expected_version)
     if expected_version is None:
         # Silver was created by this run and is empty: its rows are the upserts, written as
@@ -149,6 +155,12 @@ def write_all(
     if collect(changes).num_rows:
         return merge(storage, config, changes, expected_version=expected).as_counts()
     return dict(NOTHING)
+
+
+def _duplicated_keys(storage: Storage, config: PipelineConfig) -> bool:
+    """Whether silver holds a key more than once (one aggregation of its keys)."""
+    keys = [quote(k) for k in silver_key_columns(config)]
+    return bool(storage.read(config.silver_path).groupBy(*keys).count().filter("count > 1").limit(1).count())
 
 
 def _reshaped(current: StructType, wanted: StructType) -> bool:

@@ -23,9 +23,11 @@ from functools import reduce
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.types import MapType
 
-from cdc_join import lookup, resolve, state, subscription
+from cdc_join import lookup, resolve, runlog, state, subscription
 from cdc_join.config import PipelineConfig
+from cdc_join.runlog import Checkpoint
 from cdc_join.schemas import quoted
 from cdc_join.storage import Storage
 from cdc_join.tables import (
@@ -35,6 +37,7 @@ from cdc_join.tables import (
     HASH,
     LHS_HASH,
     LINE,
+    RUN,
     SEQ,
     fk_columns,
     output_columns,
@@ -55,6 +58,11 @@ class VerifyReport:
     extra: int
     different: int
     samples: tuple[str, ...] = ()
+    duplicated: int = 0
+    """Keys silver holds more than once."""
+    surplus: int = 0
+    """Silver rows the recompute does not have (extra, different or duplicated ones)."""
+    notes: tuple[str, ...] = ()
     state_differences: Mapping[str, int] = field(default_factory=dict)
     subscription_differences: Mapping[str, int] = field(default_factory=dict)
     source: str = "bronze"
@@ -62,7 +70,7 @@ class VerifyReport:
 
     @property
     def silver_ok(self) -> bool:
-        return self.missing == self.extra == self.different == 0
+        return self.missing == self.extra == self.different == self.duplicated == self.surplus == 0
 
     @property
     def ok(self) -> bool:
@@ -81,7 +89,9 @@ class VerifyReport:
         lines = [
             f"{head}: expected {self.expected_rows} rows, silver has {self.silver_rows}; "
             f"missing {self.missing}, extra {self.extra}, different {self.different}"
+            + (f", {self.duplicated} keys more than once" if self.duplicated else "")
         ]
+        lines += [f"  {note}" for note in self.notes]
         for name, count in self.state_differences.items():
             if count:
                 lines.append(f"  state table of {name}: {count} keys differ from bronze")
@@ -94,10 +104,13 @@ class VerifyReport:
         return "\n".join(lines)
 
 
-def current_from_bronze(storage: Storage, config: PipelineConfig, name: str) -> DataFrame:
-    """Newest row per key of a source implied by its whole bronze table (tombstones included)."""
+def current_from_bronze(
+    storage: Storage, config: PipelineConfig, name: str, version: int | None = None
+) -> DataFrame:
+    """Newest row per key of a source implied by its whole bronze table (tombstones included),
+    at ``version`` (default: the latest)."""
     source = config.sources[name]
-    events = storage.read(config.bronze_path(name))
+    events = storage.read(config.bronze_path(name), version)
     row_type = events.schema["_after"].dataType
     return state.from_events(events, source, state.state_schema(row_type), run_id=0)
 
@@ -113,19 +126,29 @@ def expected_silver(
     ``current``: the sources' current rows (tombstones included) when already at hand."""
     if source not in SOURCES:
         raise ValueError(f"source must be one of {SOURCES}, not {source!r}")
-    current = current or _current(storage, config, source)
+    current = current or _current(storage, config, source, runlog.last_checkpoint(storage, config))
     right = {join.alias: _right_rows(current[join.right], config, join) for join in config.joins}
     rows = resolve.build_rows(config, current[config.left], right, run_id=0)
     return rows.filter(F.col(ACTION) == "upsert")
 
 
-def _current(storage: Storage, config: PipelineConfig, source: str) -> dict[str, DataFrame]:
+def _current(
+    storage: Storage, config: PipelineConfig, source: str, checkpoint: Checkpoint
+) -> dict[str, DataFrame]:
+    """Every source's current rows as of ``checkpoint`` (the last completed run): bronze read
+    at the versions that run processed, or the state tables' rows written by completed runs.
+    Events landed since, and rows of a run killed before its commit, are not what silver is for."""
     return {
-        name: current_from_bronze(storage, config, name)
+        name: current_from_bronze(storage, config, name, checkpoint.bronze_versions.get(name))
         if source == "bronze"
-        else state.read_current(storage, config.state_path(name), config.sources[name].primary_key)
+        else state.newest(_settled(storage, config, name, checkpoint), config.sources[name].primary_key)
         for name in config.sources
     }
+
+
+def _settled(storage: Storage, config: PipelineConfig, name: str, checkpoint: Checkpoint) -> DataFrame:
+    """A state table's rows written by completed runs (a killed run's rows have a greater run id)."""
+    return storage.read(config.state_path(name)).filter(F.col(RUN) <= F.lit(checkpoint.run_id))
 
 
 def _right_rows(rows: DataFrame, config: PipelineConfig, join) -> DataFrame:  # type: ignore[no-untyped-def]
@@ -150,13 +173,30 @@ def verify(
     columns = [*keys, *output_columns(config)]
     if source not in SOURCES:
         raise ValueError(f"source must be one of {SOURCES}, not {source!r}")
+    checkpoint = runlog.last_checkpoint(storage, config)
     # Built and cached once: the silver and the internal checks read it three times.
-    current = {name: rows.cache() for name, rows in _current(storage, config, source).items()}
-    expected = expected_silver(storage, config, source, current).select(*quoted(columns)).cache()
+    current = {name: rows.cache() for name, rows in _current(storage, config, source, checkpoint).items()}
+    expected = _comparable(expected_silver(storage, config, source, current).select(*quoted(columns)))
+    expected = expected.cache()
     cached = [*current.values(), expected]
+    notes: list[str] = []
     try:
         if storage.exists(config.silver_path):
-            actual = storage.read(config.silver_path).select(*quoted(columns))
+            stored = storage.read(config.silver_path)
+            absent = [c for c in columns if c not in stored.columns]
+            if absent:
+                notes.append(
+                    f"silver has no column {', '.join(absent)}: its definition changed since the last "
+                    "run; the next run recomputes it"
+                )
+            actual = _comparable(
+                stored.select(
+                    *[
+                        F.col(f"`{c}`") if c not in absent else F.lit(None).cast(expected.schema[c].dataType)
+                        for c in columns
+                    ]
+                ).toDF(*columns)
+            )
         else:
             actual = expected.limit(0)
         only_expected, only_actual = expected.exceptAll(actual).cache(), actual.exceptAll(expected).cache()
@@ -167,12 +207,14 @@ def verify(
             "missing": only_expected.join(actual, keys, "left_anti"),
             "extra": only_actual.join(expected, keys, "left_anti"),
             "different": only_expected.join(actual, keys, "left_semi"),
+            "duplicated": actual.groupBy(*quoted(keys)).count().filter("count > 1"),
+            "surplus": only_actual,
         }
-        internal = _internal_differences(storage, config, current) if source == "bronze" else {}
+        internal = _internal_differences(storage, config, current, checkpoint) if source == "bronze" else {}
         counts = _count_all({**silver, **internal})
         shown = [
             f"{kind} {r.asDict()}"
-            for kind in ("missing", "extra", "different")
+            for kind in ("missing", "extra", "different", "duplicated")
             if counts[kind]
             for r in silver[kind].limit(samples).collect()
         ]
@@ -186,11 +228,27 @@ def verify(
         extra=counts["extra"],
         different=counts["different"],
         samples=tuple(shown),
+        duplicated=counts["duplicated"],
+        surplus=counts["surplus"],
+        notes=tuple(notes),
         state_differences=_summed(counts, "state:", list(config.sources)) if internal else {},
         subscription_differences=(
             _summed(counts, "subscription:", [j.alias for j in config.joins]) if internal else {}
         ),
         source=source,
+    )
+
+
+def _comparable(rows: DataFrame) -> DataFrame:
+    """Rows that set operations can compare: a map column (which Spark cannot compare) as the
+    JSON of its entries sorted by key."""
+    return rows.select(
+        *[
+            F.to_json(F.array_sort(F.map_entries(F.col(f"`{f.name}`")))).alias(f.name)
+            if isinstance(f.dataType, MapType)
+            else F.col(f"`{f.name}`")
+            for f in rows.schema.fields
+        ]
     )
 
 
@@ -214,7 +272,7 @@ def _summed(counts: Mapping[str, int], prefix: str, names: list[str]) -> dict[st
 
 
 def _internal_differences(
-    storage: Storage, config: PipelineConfig, from_bronze: Mapping[str, DataFrame]
+    storage: Storage, config: PipelineConfig, from_bronze: Mapping[str, DataFrame], checkpoint: Checkpoint
 ) -> dict[str, DataFrame]:
     """Frames whose rows are the differences of the internal tables, labelled for
     :func:`_count_all`. Per source (``state:<name>``), keys whose live state row is not bronze's
@@ -229,7 +287,8 @@ def _internal_differences(
         if not storage.exists(path):
             parts[f"state:{name}"] = bronze
             continue
-        stored[name] = state.current_rows(storage.read(path), list(source.primary_key))
+        settled = _settled(storage, config, name, checkpoint)
+        stored[name] = state.current_rows(settled, list(source.primary_key))
         identity = [*quoted(source.primary_key), SEQ, FILE, LINE]
         ours, theirs = stored[name].select(*identity), bronze.select(*identity)
         parts[f"state:{name}"] = ours.exceptAll(theirs)

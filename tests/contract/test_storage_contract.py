@@ -511,7 +511,7 @@ def test_overwrite_with_a_whole_table_keeps_its_rows_and_their_order(store, spar
     assert m.rows_inserted == 20_000
     assert sorted(r.id for r in store.read(path).select("id").collect()) == list(range(20_000))
     ranges = sorted((f.min_values["id"], f.max_values["id"]) for f in store.files(path))
-    assert all(hi < lo for (_, hi), (lo, _) in zip(ranges, ranges[1:])), ranges  # no overlap
+    assert all(hi < lo for (_, hi), (lo, _) in itertools.pairwise(ranges)), ranges  # no overlap
 
 
 def test_delete_with_predicate(store, spark, tmp_path):
