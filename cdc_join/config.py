@@ -308,6 +308,12 @@ def parse_config(
     if left not in sources:
         raise ConfigError(f"unknown source {left!r}; sources are {sorted(sources)}", key="left")
     joins = _joins(raw.get("joins") or [], sources, left)
+    unused = [name for name in sources if name != left and name not in {j.right for j in joins}]
+    if unused:
+        raise ConfigError(
+            f"source {unused[0]!r} is not joined: name it as 'left' or as a join's 'right', or remove it",
+            key=f"sources.{unused[0]}",
+        )
     aliases = {left, *(j.alias for j in joins)}
     select = _select(_required(raw, "select", ""), aliases)
     output = _name(_required(raw, "output", ""), "output")

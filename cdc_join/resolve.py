@@ -269,7 +269,7 @@ def _output(config: PipelineConfig, rows: DataFrame, run_id: int) -> DataFrame:
 
 def select_schema(storage: Storage, config: PipelineConfig) -> StructType:
     """The silver columns ``select`` gives over the sources' current row types; every expression
-    is checked against them before a run writes anything.
+    and every join's foreign key is checked against them before a run writes anything.
 
     Spark analyses each expression over an empty frame with one struct column per source alias
     (no job runs). An expression naming a column a source does not have, or failing to analyse,
@@ -283,6 +283,16 @@ def select_schema(storage: Storage, config: PipelineConfig) -> StructType:
             for alias, source in aliases
         ]
     )
+    left_columns = rows[config.left].dataType
+    for i, join in enumerate(config.joins):
+        missing = [c for c in join.foreign_key if c not in left_columns.names]
+        if missing:
+            raise ConfigError(
+                f"{config.left!r} has no column {', '.join(map(repr, missing))}; its columns are "
+                f"{', '.join(left_columns.names)}",
+                key=f"joins[{i}].foreign_key",
+                path=config.config_path,
+            )
     empty = storage.spark.createDataFrame([], rows)
     fields = []
     for name, expression in config.select:

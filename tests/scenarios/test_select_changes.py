@@ -8,6 +8,7 @@ import yaml
 from cdc_join import cli
 from cdc_join.config import load_config
 from cdc_join.errors import ConfigError
+from cdc_join.events import EventWriter
 from cdc_join.pipeline import Pipeline
 from tests.support import make_pipeline, silver_rows
 
@@ -109,16 +110,18 @@ def test_an_added_join_subscribes_every_left_row_so_later_right_changes_reach_th
         tmp_path,
         spark,
         storage,
-        tables=GROUPS,
+        tables={"lhs": GROUPS["lhs"], "rhs": GROUPS["rhs"]},
         join_type="left",
         select={"key": "lhs.id", "value": "rhs.value"},
     )
+    w = EventWriter(tmp_path / "landing", GROUPS)  # grp's events land before it is joined
     w.write("rhs", [w.upsert("rhs", {"id": 1, "value": "r1"}, 1)])
     w.write("grp", [w.upsert("grp", {"id": 7, "name": "g7"}, 2)])
     w.write("lhs", [w.upsert("lhs", {"id": k, "fk": 1, "g": 7, "v": 1}, 10 + n) for n, k in enumerate("abc")])
     pipeline.run()
 
     def add_join(spec):
+        spec["sources"]["grp"] = {**spec["sources"]["rhs"], "landing": "landing/grp"}
         spec["joins"].append({"right": "grp", "foreign_key": ["g"], "type": "left"})
         spec["select"]["gname"] = "grp.name"
 
@@ -153,3 +156,16 @@ def test_a_join_whose_foreign_key_changes_subscribes_the_new_key_not_the_old(tmp
     moved.run()
     assert silver_rows(moved, ["key", "gname"]) == {("a", "g7*"), ("b", "g7*"), ("c", "g7*")}
     assert moved.verify().ok
+
+
+def test_a_foreign_key_naming_a_column_the_left_source_lacks_fails_before_anything_is_written(
+    tmp_path, spark, storage
+):
+    pipeline, w = _started(tmp_path, spark, storage)
+    cfg = pipeline.config
+    bad = _with_spec(pipeline, lambda spec: spec["joins"][0].update(foreign_key=["fkk"]))
+    w.write("lhs", [w.upsert("lhs", {"id": "d", "fk": 1, "v": 9}, 30)])
+    versions = {p: storage.version(p) for p in (cfg.silver_path, cfg.state_path("lhs"), cfg.runs_path)}
+    with pytest.raises(ConfigError, match=r"joins\[0\]\.foreign_key: 'lhs' has no column 'fkk'"):
+        bad.run()
+    assert {p: storage.version(p) for p in versions} == versions

@@ -625,10 +625,18 @@ def test_select_referring_to_a_right_source_by_name_when_aliased_names_key_and_f
     _fails(_write(project, raw), "select.customer_email")
 
 
-def test_select_referring_to_a_source_that_is_not_joined_names_key_and_file(project: Path) -> None:
+def test_a_source_that_is_not_joined_names_key_and_file(project: Path) -> None:
+    # It would be ingested and kept in state for nothing, and stop every run until its first event.
     raw = _base()
     raw["joins"] = []
-    _fails(_write(project, raw), "select.customer_email")
+    err = _fails(_write(project, raw), "sources.customers")
+    assert "not joined" in str(err)
+
+
+def test_select_referring_to_an_alias_that_is_not_joined_names_key_and_file(project: Path) -> None:
+    raw = _base()
+    raw["select"]["name"] = "products.name"
+    _fails(_write(project, raw), "select.name")
 
 
 @pytest.mark.parametrize("column", ["_op", "_cdc_seq", "__x"])
