@@ -304,6 +304,8 @@ class QualityReport:
     rows_checked: int
     results: tuple[CheckResult, ...] = ()
     note: str = ""
+    first_run_id: int | None = None
+    """The first run of those checked together (runs since the last check), when several."""
 
     @property
     def failed(self) -> list[CheckResult]:
@@ -321,8 +323,13 @@ class QualityReport:
         """A few lines a person reads after a run."""
         if not self.results:
             return f"quality: nothing checked ({self.note})"
+        runs = (
+            f"runs {self.first_run_id}-{self.run_id}"
+            if self.first_run_id is not None and self.run_id is not None and self.first_run_id < self.run_id
+            else f"run {self.run_id}"
+        )
         head = (
-            f"quality of run {self.run_id}: {len(self.results)} checks on {self.rows_checked} touched rows, "
+            f"quality of {runs}: {len(self.results)} checks on {self.rows_checked} touched rows, "
             f"{len(self.failed)} failed, {len(self.warnings)} warnings"
         )
         lines = [head]
@@ -361,15 +368,15 @@ def check(
         InputError: ``run_id`` is not in the run log.
     """
     settings = parse_quality(config)
-    found = _run_to_check(storage, config, run_id)
+    found = _runs_to_check(storage, config, run_id)
     if found is None:
         return QualityReport(run_id, 0, note="no completed run in the run log yet")
-    run, run_report = found
+    run, run_reports, since = found
     context = _context()  # suites attach to the current context, so it comes first
-    results = _check_quarantine(context, settings, run_report) if settings.quarantine_max else []
+    results = _check_quarantine(context, settings, run_reports) if settings.quarantine_max else []
     count = 0
     if storage.exists(config.silver_path):
-        rows = touched_rows(config, storage, run).cache()
+        rows = touched_rows(config, storage, run, since=since).cache()
         try:
             count = rows.count()
             results += _validate(context, rows, _row_suite(config, settings), count)
@@ -379,21 +386,25 @@ def check(
             clock = now or datetime.now(timezone.utc)
             results.append(_check_freshness(context, config, storage, run, settings, clock))
     note = "" if storage.exists(config.silver_path) else "silver does not exist yet (sources still waiting)"
-    report = QualityReport(run.run_id, count, tuple(results), note=note)
+    report = QualityReport(run.run_id, count, tuple(results), note=note, first_run_id=since + 1)
     if write:
         write_results(config, storage, report)
     return report
 
 
-def touched_rows(config: PipelineConfig, storage: Storage, run: Checkpoint) -> DataFrame:
-    """Silver rows whose key the run wrote, with ``_has_right_<alias>`` per left join.
+def touched_rows(
+    config: PipelineConfig, storage: Storage, run: Checkpoint, *, since: int | None = None
+) -> DataFrame:
+    """Silver rows whose key the run wrote (with ``since``: any run after run ``since`` up to
+    this one), with ``_has_right_<alias>`` per left join.
 
     ``_has_right_<alias>`` is true when the row has its right side, false when its foreign key
     names no right row (an orphan), and null when the foreign key is null (nothing to find).
     """
     keys = silver_key_columns(config)
     silver = storage.read(config.silver_path)
-    written = silver.filter(F.col(RUN_ID) == run.run_id).select(*keys).distinct()
+    first = run.run_id if since is None else since + 1
+    written = silver.filter(F.col(RUN_ID).between(first, run.run_id)).select(*keys).distinct()
     # The whole table, restricted to the written keys: an older row sharing a key is a duplicate.
     # Null-safe, so a row written with a null key reaches the not-null check.
     wanted = written.select(*[F.col(k).alias(f"_written{k}") for k in keys])
@@ -621,11 +632,17 @@ def _newest_event_ms(storage: Storage, path: str, version: int) -> int | None:
 
 
 def _check_quarantine(
-    context: Any, settings: QualitySettings, run_report: Mapping[str, Any]
+    context: Any, settings: QualitySettings, run_reports: Sequence[Mapping[str, Any]]
 ) -> list[CheckResult]:
-    """Per source named by ``quarantine_max``: the lines the run's ingest quarantined."""
-    ingest = (run_report.get("steps") or {}).get("ingest") or {}
-    counts = {s: int((ingest.get(s) or {}).get("quarantined") or 0) for s in settings.quarantine_max}
+    """Per source named by ``quarantine_max``: the lines the checked runs' ingests quarantined."""
+    counts = {s: 0 for s in settings.quarantine_max}
+    reasons: dict[str, dict[str, int]] = {s: {} for s in counts}
+    for run_report in run_reports:
+        ingest = (run_report.get("steps") or {}).get("ingest") or {}
+        for source in counts:
+            counts[source] += int((ingest.get(source) or {}).get("quarantined") or 0)
+            for reason, n in ((ingest.get(source) or {}).get("reasons") or {}).items():
+                reasons[source][reason] = reasons[source].get(reason, 0) + int(n)
     severity = settings.severity["quarantine"]
     suite = gx.ExpectationSuite(name="quarantine")
     for source, limit in settings.quarantine_max.items():
@@ -640,7 +657,6 @@ def _check_quarantine(
         .get_batch(batch_parameters={"dataframe": pd.DataFrame({s: [n] for s, n in counts.items()})})
     )
     outcome = batch.validate(suite, result_format="SUMMARY")
-    reasons = {s: (ingest.get(s) or {}).get("reasons") or {} for s in counts}
     results = [_result(r, {}) for r in outcome.results]
     results = [
         dataclasses.replace(r, details={**r.details, "reasons": reasons[r.check.split(":", 1)[1]]})
@@ -653,22 +669,51 @@ def _check_quarantine(
 # -- the run and the results table -----------------------------------------------------------
 
 
-def _run_to_check(
+def _runs_to_check(
     storage: Storage, config: PipelineConfig, run_id: int | None
-) -> tuple[Checkpoint, Mapping[str, Any]] | None:
-    """The checkpoint and report of ``run_id`` (default: the newest run), from the run log."""
+) -> tuple[Checkpoint, list[Mapping[str, Any]], int] | None:
+    """The checkpoint of the run to check, the reports of every run checked with it, and the
+    run after which they start.
+
+    ``run_id`` checks that run alone. By default, the newest run and every run since the last
+    check (from the quality-results table): a run retried after it exited with an error (a
+    quarantine, say) must not hide what the failed attempt wrote. Before the first check, the
+    newest run alone.
+    """
     if not storage.exists(config.runs_path):
         if run_id is not None:
             raise InputError(f"run {run_id} is not in the run log {config.runs_path} (no run yet)")
         return None
     runs = storage.read(config.runs_path)
-    wanted = runs if run_id is None else runs.filter(F.col("run_id") == run_id)
-    row = wanted.orderBy(F.col("run_id").desc()).select("checkpoint", "report").first()
-    if row is None:
+    if run_id is None:
+        newest = runs.agg(F.max("run_id").alias("n")).first()
+        if newest is None or newest["n"] is None:
+            return None
+        last = int(newest["n"])
+        checked = _last_checked(storage, config)
+        since = last - 1 if checked is None or checked >= last else checked
+    else:
+        last, since = run_id, run_id - 1
+    rows = (
+        runs.filter(F.col("run_id").between(since + 1, last))
+        .orderBy("run_id")
+        .select("run_id", "checkpoint", "report")
+        .collect()
+    )
+    if not rows or rows[-1]["run_id"] != last:
         if run_id is not None:
             raise InputError(f"run {run_id} is not in the run log {config.runs_path}")
         return None
-    return Checkpoint.from_json(row["checkpoint"]), json.loads(row["report"] or "{}")
+    reports = [json.loads(r["report"] or "{}") for r in rows]
+    return Checkpoint.from_json(rows[-1]["checkpoint"]), reports, since
+
+
+def _last_checked(storage: Storage, config: PipelineConfig) -> int | None:
+    """The newest run the quality-results table has results for."""
+    if not storage.exists(config.quality_path):
+        return None
+    found = storage.read(config.quality_path).agg(F.max("run_id").alias("n")).first()
+    return None if found is None or found["n"] is None else int(found["n"])
 
 
 def write_results(config: PipelineConfig, storage: Storage, report: QualityReport) -> None:

@@ -280,11 +280,35 @@ def test_quarantine_max_counts_the_lines_the_run_quarantined_per_source(lake, st
     settings = parse_quality(_with_quality(lake, {**quality, "severity": {"quarantine": "warn"}}))
     reasons = {"not JSON": 4}
     run_report = {"steps": {"ingest": {"lhs": {"events": 9, "quarantined": 4, "reasons": reasons}}}}
-    results = {r.check: r for r in _check_quarantine(_context(), settings, run_report)}
+    results = {r.check: r for r in _check_quarantine(_context(), settings, [run_report])}
     assert not results["quarantine:lhs"].success and results["quarantine:lhs"].severity == "warn"
     assert results["quarantine:lhs"].observed == "4 line(s) quarantined by the run, max 0"
     assert results["quarantine:lhs"].details["reasons"] == reasons
     assert results["quarantine:rhs"].success  # no ingest counts for rhs: nothing quarantined
+
+
+def test_a_check_covers_every_run_since_the_last_check(tmp_path, spark, storage):
+    # A run that quarantined lines exits 3; its retry quarantines nothing and exits 0. The check
+    # after the retry must still see the lines and the rows of the failed attempt.
+    pipeline, w = make_pipeline(tmp_path, spark, storage, join_type="left")
+    raw = yaml.safe_load(pipeline.config.config_path.read_text())
+    raw["quality"] = {"quarantine_max": {"lhs": 0}}
+    pipeline.config.config_path.write_text(yaml.safe_dump(raw))
+    config = parse_config(raw, base_dir=tmp_path, config_path=pipeline.config.config_path)
+    w.write("rhs", [w.upsert("rhs", {"id": 1, "value": "one"}, 1)])
+    w.write("lhs", [w.upsert("lhs", {"id": "a", "fk": 1, "v": 1}, 2)])
+    pipeline.run()
+    assert check(config, storage, now=NOW).ok
+    w.write("lhs", [w.upsert("lhs", {"id": "b", "fk": 1, "v": 1}, 3), "not json"])
+    pipeline.run()  # exits 3 from the CLI
+    pipeline.run()  # the retry: nothing new, exits 0
+    retried = check(config, storage, now=NOW)
+    assert (retried.first_run_id, retried.run_id, retried.rows_checked) == (2, 3, 1)
+    assert not _by_check(retried)["quarantine:lhs"].success
+    assert "quality of runs 2-3" in retried.summary()
+    pipeline.run()
+    again = check(config, storage, now=NOW)  # run 4 alone: checked runs are not checked twice
+    assert (again.run_id, again.rows_checked) == (4, 0) and again.ok
 
 
 # -- cdc-join check ---------------------------------------------------------------------------------
