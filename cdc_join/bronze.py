@@ -99,7 +99,8 @@ def prepare(storage: Storage, config: PipelineConfig, report: RunReport) -> Read
         raise SourceNotReadyError(
             f"source(s) {names} have no events yet, so their columns are unknown and silver cannot be "
             f"built. Declare them in the pipeline YAML (e.g. sources.{waiting[0]}.columns: "
-            "{id: bigint, name: string}) to join before their first event, or wait for it."
+            "{id: bigint, name: string}) to join before their first event, or wait for it.",
+            hint=f"declare sources.{waiting[0]}.columns, or run again once its first events landed",
         )
     return Ready({name: storage.version(config.bronze_path(name)) for name in config.sources})
 

@@ -136,13 +136,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args, say)
     except ConfigError as e:
-        return say.error(e, CONFIG_ERROR, "fix the pipeline YAML and run again")
+        return say.error(e, CONFIG_ERROR, e.hint or "fix the pipeline YAML and run again")
     except ConcurrentRunError as e:
-        return say.error(e, BUSY, "run again when the other run is done")
+        return say.error(e, BUSY, e.hint or "run again when the other run is done")
     except InputError as e:
-        return say.error(e, DATA_PROBLEM, "see 'cdc-join quarantine CONFIG' and the message above")
+        return say.error(e, DATA_PROBLEM, e.hint or "fix the input the message names, then run again")
     except CdcJoinError as e:
-        return say.error(e, FAILURE, "rerun with --debug for details; a rerun is safe")
+        return say.error(e, FAILURE, e.hint or "rerun with --debug for details; a rerun is safe")
     except Exception as e:
         return say.error(e, FAILURE, "rerun with --debug for details; a rerun is safe", internal=True)
 

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 
 class CdcJoinError(Exception):
-    """Base class of every error cdc_join raises on purpose."""
+    """Base class of every error cdc_join raises on purpose.
+
+    Args:
+        message: what is wrong, naming the input.
+        hint: what to do next, when it is more specific than the CLI's default for the type.
+    """
+
+    def __init__(self, message: str = "", *, hint: str | None = None) -> None:
+        self.hint = hint
+        super().__init__(message)
 
 
 class ConfigError(CdcJoinError):

@@ -258,8 +258,9 @@ def _fail_on_changed_files(
     more = f" and {len(changed) - 5} more" if len(changed) > 5 else ""
     raise InputError(
         f"source {source_name!r}: landing file(s) changed after they were ingested: {shown}{more}. "
-        "Landing files must not change once written: land new events in new files. To take a "
-        "changed file in again, land its content under a new name."
+        "Landing files must not change once written: land new events in new files.",
+        hint="move the changed file out of the landing folder (to take its new lines in, land them "
+        "under a new name), then run again",
     )
 
 

@@ -53,7 +53,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType, TimestampType
 
 from cdc_join.config import JoinType, PipelineConfig
-from cdc_join.errors import ConfigError, InputError
+from cdc_join.errors import ConfigError
 from cdc_join.runlog import Checkpoint
 from cdc_join.state import newest
 from cdc_join.storage import Storage
@@ -365,7 +365,7 @@ def check(
 
     Raises:
         ConfigError: the ``quality:`` section is invalid.
-        InputError: ``run_id`` is not in the run log.
+        ConfigError: ``run_id`` is not in the run log.
     """
     settings = parse_quality(config)
     found = _runs_to_check(storage, config, run_id)
@@ -682,7 +682,9 @@ def _runs_to_check(
     """
     if not storage.exists(config.runs_path):
         if run_id is not None:
-            raise InputError(f"run {run_id} is not in the run log {config.runs_path} (no run yet)")
+            raise ConfigError(
+                f"run {run_id} is not in the run log {config.runs_path} (no run yet)", key="--run-id"
+            )
         return None
     runs = storage.read(config.runs_path)
     if run_id is None:
@@ -702,7 +704,7 @@ def _runs_to_check(
     )
     if not rows or rows[-1]["run_id"] != last:
         if run_id is not None:
-            raise InputError(f"run {run_id} is not in the run log {config.runs_path}")
+            raise ConfigError(f"run {run_id} is not in the run log {config.runs_path}", key="--run-id")
         return None
     reports = [json.loads(r["report"] or "{}") for r in rows]
     return Checkpoint.from_json(rows[-1]["checkpoint"]), reports, since

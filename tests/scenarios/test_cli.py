@@ -103,3 +103,18 @@ def test_a_storage_error_exits_5_without_a_stack_trace(landed, tmp_path, capsys)
     blocked.write_text("a file where the lake should be")
     assert _cli("--lake", str(blocked), "run", config) == 5
     _one_error(capsys)
+
+
+def test_a_changed_landing_file_exits_3_and_says_to_move_it_out(landed, capsys):
+    config = landed[2]
+    assert _cli("-q", "run", config) == 0
+    capsys.readouterr()
+    changed = Path(config).parent / "landing" / "lhs" / "lhs-000002.jsonl"
+    changed.write_text(changed.read_text() + changed.read_text())  # a line appended after ingest
+    assert _cli("-q", "run", config) == 3
+    line = _one_error(capsys)
+    assert "lhs-000002.jsonl" in line
+    assert _cli("-q", "run", config) == 3
+    assert "move the changed file out of the landing folder" in capsys.readouterr().err
+    assert _cli("check", config, "--run-id", "99") == 2  # an option naming no run
+    assert "--run-id: run 99 is not in the run log" in _one_error(capsys)
