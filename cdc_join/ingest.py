@@ -258,7 +258,8 @@ def _fail_on_changed_files(
     more = f" and {len(changed) - 5} more" if len(changed) > 5 else ""
     raise InputError(
         f"source {source_name!r}: landing file(s) changed after they were ingested: {shown}{more}. "
-        "Landing files must not change once written: land new events in new files.",
+        "Landing files must not change once written: land new events in new files, and a changed "
+        "file's content under a new name.",
         hint="move the changed file out of the landing folder (to take its new lines in, land them "
         "under a new name), then run again",
     )
