@@ -130,7 +130,8 @@ def parse_events(lines: DataFrame, source: SourceConfig, known: StructType | Non
 
 def _stage(lines: DataFrame) -> DataFrame:
     """Parse each line; find its payload, schema, op and a first reason to reject it."""
-    parsed = lines.filter("trim(value) != ''").selectExpr(
+    # A blank line (spaces, tabs) is no event; trim() alone strips only spaces.
+    parsed = lines.filter("NOT value RLIKE '^\\\\s*$'").selectExpr(
         "_file", "_line", "value", f"{_whole_json()} AS __v"
     )
     # The Connect envelope is an object with `payload` and no `op`; anything else with an `op`

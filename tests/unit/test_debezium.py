@@ -417,7 +417,7 @@ def test_other_logical_types(crafted_types):
 
 GARBAGE = [
     "not json {",
-    "",
+    " \t ",  # blank: spaces and a tab
     "null",
     '{"schema":null,"payload":null}',
     "[1, 2]",
