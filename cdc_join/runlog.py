@@ -163,8 +163,10 @@ def run_lock(config: PipelineConfig) -> Iterator[None]:
 
     The lock is a file created with O_EXCL under the pipeline's internal folder (local lakes),
     an early failure for two runs on one machine. A lock left by a process that no longer
-    exists on this host is taken over. What keeps runs apart everywhere (object stores, other
-    hosts) is the run log's expected version (see the module docstring).
+    exists on this host is taken over, and so is one whose owner was never written (after
+    :data:`UNKNOWN_OWNER_STALE_S`) or that another host took (after :data:`OTHER_HOST_STALE_S`).
+    What keeps runs apart everywhere (object stores, other hosts) is the run log's expected
+    version (see the module docstring).
     """
     path = config.lock_path
     if path is None:
@@ -186,7 +188,7 @@ def _acquire(path: str) -> None:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
             holder = _holder(path)
-            if holder is not None and _is_dead(holder):
+            if _is_stale(path, holder):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
                 continue
@@ -207,14 +209,32 @@ def _holder(path: str) -> dict[str, Any] | None:
         return None
 
 
-def _is_dead(holder: Mapping[str, Any]) -> bool:
+#: A lock file holding no owner this long after it was made was left by a process killed
+#: between creating it and writing to it.
+UNKNOWN_OWNER_STALE_S = 60.0
+#: A lock taken on another host (a job cluster since gone, with the lake on a shared mount) is
+#: honoured this long; the run log's expected version still keeps two runs from both committing.
+OTHER_HOST_STALE_S = 6 * 3600.0
+
+
+def _is_stale(path: str, holder: Mapping[str, Any] | None) -> bool:
+    """Whether a lock file was left by a run that is gone and may be taken over."""
+    now = time.time()
+    if holder is None:
+        try:
+            return now - os.path.getmtime(path) > UNKNOWN_OWNER_STALE_S
+        except OSError:
+            return True  # removed meanwhile
     if holder.get("host") != socket.gethostname():
-        return False
+        return now - float(holder.get("since") or 0) > OTHER_HOST_STALE_S
     try:
-        os.kill(int(holder["pid"]), 0)
+        pid = int(holder["pid"])
+        if pid == os.getpid():  # not us (we are taking it): a restarted container's reused pid
+            return True
+        os.kill(pid, 0)
     except ProcessLookupError:
         return True
-    except (PermissionError, KeyError, ValueError):
+    except (PermissionError, KeyError, ValueError, TypeError):
         return False
     return False
 
