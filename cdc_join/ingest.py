@@ -35,7 +35,9 @@ not make its files new.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import hashlib
+import logging
 import os
 import re
 import time
@@ -57,7 +59,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from cdc_join.changeset import ChangeSet, arrow_schema, from_arrow, materialize
+from cdc_join.changeset import ChangeSet, arrow_schema, empty, from_arrow, materialize
 from cdc_join.config import PipelineConfig
 from cdc_join.debezium import QUARANTINE_SCHEMA, ParsedBatch, parse_events
 from cdc_join.debezium.sql import lit
@@ -99,6 +101,7 @@ _GLOB_SPECIAL = re.compile(r"([\\\[\]{}*?])")
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 
 StepHook = Callable[[str], None]
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -304,16 +307,76 @@ def _ingest_files(
     after_step: StepHook | None,
 ) -> tuple[dict[str, _FileCounts], dict[str, int]]:
     """Parse ``pending`` (one Spark job for the batch's schemas, one for its lines), then write;
-    the outcome counts per file, and the quarantined lines per reason."""
-    lines = read_lines(spark, pending).persist()
+    the outcome counts per file, and the quarantined lines per reason.
+
+    A file Spark cannot read at all (a truncated gzip, say) fails the batch's job; then each
+    file is tried alone, and those that fail are quarantined whole, with the reason, while the
+    rest are ingested. Without that, the file would fail every later run without being named.
+    """
+    now = datetime.now(timezone.utc)
+    try:
+        outcome = _parse(spark, storage, config, source_name, pending, now)
+    except Exception as failure:
+        unreadable = _unreadable(spark, pending)
+        if not unreadable:
+            raise
+        _log.warning(
+            "source %r: landing file(s) Spark cannot read: %s (%s)", source_name, unreadable, failure
+        )
+        readable = [f for f in pending if f.name not in unreadable]
+        parsed = (
+            _parse(spark, storage, config, source_name, readable, now)
+            if readable
+            else _Outcome(
+                empty(spark, StructType([])), empty(spark, QUARANTINE_TABLE_SCHEMA), {}, StructType([]), now
+            )
+        )
+        outcome = parsed.with_unreadable(source_name, unreadable)
+    counts = _write_all(spark, storage, config, source_name, pending, outcome, after_step)
+    return counts, outcome.quarantine.value_counts("reason") if outcome.quarantine.rows else {}
+
+
+def _parse(
+    spark: SparkSession,
+    storage: Storage,
+    config: PipelineConfig,
+    source_name: str,
+    files: Sequence[LandedFile],
+    ingested_at: datetime,
+) -> _Outcome:
+    lines = read_lines(spark, files).persist()
     try:
         known = _known_row(storage, config.bronze_path(source_name))
         parsed = parse_events(lines, config.sources[source_name], known)
-        outcome = _Outcome.of(parsed, source_name, datetime.now(timezone.utc))
+        return _Outcome.of(parsed, source_name, ingested_at)
     finally:
         lines.unpersist()
-    counts = _write_all(spark, storage, config, source_name, pending, outcome, after_step)
-    return counts, outcome.quarantine.value_counts("reason") if outcome.quarantine.rows else {}
+
+
+def _unreadable(spark: SparkSession, files: Sequence[LandedFile]) -> dict[str, str]:
+    """The files Spark fails to read on their own, with the first line of why (a job per file:
+    only done once a batch has failed)."""
+    found = {}
+    for file in files:
+        try:
+            spark.read.text(_glob_escape(file.path), wholetext=True).selectExpr("length(value)").collect()
+        except Exception as e:
+            found[file.name] = _cause(e)
+    return found
+
+
+_JAVA_EXCEPTION = re.compile(
+    r"^\s*(?:Caused by: )?((?:[a-z]\w*\.)+\w*(?:Exception|Error)(?::[^\n]*)?)$", re.M
+)
+
+
+def _cause(e: Exception) -> str:
+    """The most specific line of a Spark failure: the last Java exception it names."""
+    text = str(e)
+    causes = _JAVA_EXCEPTION.findall(text)
+    if causes:
+        return causes[-1][:300]
+    return text.strip().splitlines()[0][:300] if text.strip() else type(e).__name__
 
 
 @dataclass(frozen=True)
@@ -365,6 +428,28 @@ class _Outcome:
             ingested_at=ingested_at,
         )
 
+    def with_unreadable(self, source_name: str, unreadable: Mapping[str, str]) -> _Outcome:
+        """This outcome plus one quarantined line (line 0, no text) per file that could not be read."""
+        n = len(unreadable)
+        rows = pa.table(
+            {
+                "source": pa.array([source_name] * n, pa.string()),
+                "_file": pa.array(list(unreadable), pa.string()),
+                "_line": pa.array([0] * n, pa.int64()),
+                "reason": pa.array([f"{UNREADABLE_REASON}: {why}" for why in unreadable.values()]),
+                "raw": pa.nulls(n, pa.string()),
+                "_ingested_at": pa.array([self.ingested_at] * n, pa.timestamp("us", tz="UTC")),
+            }
+        )
+        schema = arrow_schema(QUARANTINE_TABLE_SCHEMA)
+        table = pa.concat_tables([self.quarantine.table.cast(schema), rows.select(schema.names).cast(schema)])
+        counts = {**self.counts, **{name: _FileCounts(lines=1, quarantined=1) for name in unreadable}}
+        return dataclasses.replace(
+            self, quarantine=from_arrow(self.quarantine.spark, QUARANTINE_TABLE_SCHEMA, table), counts=counts
+        )
+
+
+UNREADABLE_REASON = "the file cannot be read, nothing in it was ingested; land a good copy under a new name"
 
 JSON_ARRAY_REASON = (
     "the file holds a JSON array, not JSON lines: nothing in it was ingested. Land its events "

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 import uuid
@@ -249,6 +250,32 @@ def _has_null_type(data_type: DataType) -> bool:
     if isinstance(data_type, MapType):
         return _has_null_type(data_type.keyType) or _has_null_type(data_type.valueType)
     return False
+
+
+#: A frame Spark estimates at fewer bytes than this is collected for a write, not spilled.
+SPILL_BYTES = 64 * 1024 * 1024
+_SIZE = re.compile(r"sizeInBytes=([\d.]+)\s*(B|KiB|MiB|GiB|TiB|EiB|PiB)?")
+_UNITS = {None: 1, "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "PiB": 2**50, "EiB": 2**60}
+
+
+def _estimated_bytes(df: DataFrame) -> int | None:
+    """Spark's estimate of a frame's size (its optimized plan's statistics), ``None`` if unknown.
+
+    Rows made on the driver (``createDataFrame``) count as small, whatever Spark estimates for
+    them (it knows nothing of an RDD's size); a scan counts as its files' size, an upper bound.
+    """
+    try:
+        text = df._jdf.queryExecution().stringWithStats()
+    except Exception:  # Spark Connect: no JVM handle, but the cost plan prints the same
+        try:
+            text = df._explain_string(mode="cost")  # type: ignore[attr-defined]
+        except Exception:
+            return None
+    plan = text.split("== Physical Plan ==")[0]
+    if "Relation [" not in plan and ("LogicalRDD" in plan or "LocalRelation" in plan):
+        return 0
+    found = _SIZE.search(plan)
+    return None if found is None else int(float(found.group(1)) * _UNITS[found.group(2)])
 
 
 #: A staged write hands delta-rs at most this many rows (or bytes) at a time, as one batch.
@@ -566,7 +593,12 @@ class DeltaRsStorage:
         )
 
     def _can_spill(self, df: DataFrame, root: str) -> bool:
+        """Whether to stream ``df`` through a parquet spill rather than collect it: it may be
+        large (Spark's own size estimate, when it gives one), and both sides reach the spill."""
         if not _is_local(root) or _has_null_type(df.schema):  # parquet has no void type
+            return False
+        size = _estimated_bytes(df)
+        if size is not None and size < SPILL_BYTES:
             return False
         if self._local_master is None:
             try:

@@ -33,7 +33,7 @@ from pyspark.sql.types import (
 )
 
 from cdc_join.errors import StorageError
-from cdc_join.storage import MergeSpec, Storage, get_storage
+from cdc_join.storage import MergeSpec, Storage, delta_rs, get_storage
 from cdc_join.storage.base import FileStats
 from cdc_join.storage.pruning import read_keyed
 from cdc_join.storage.select import ENV_VAR, delta_jars_available
@@ -499,9 +499,18 @@ def test_overwrite(store, spark, tmp_path):
     assert store.read(path, version=1).count() == 2
 
 
-def test_overwrite_with_a_whole_table_keeps_its_rows_and_their_order(store, spark, tmp_path):
-    # A frame with no rows on the driver (a rebuild) is written as it streams out of Spark;
-    # a rebuild sorted by key must come out in key order, which is what keeps it clustered.
+@pytest.fixture(params=["collected", "streamed"])
+def write_path(request, monkeypatch):
+    """delta-rs collects a small frame for a write and streams a large one through a parquet
+    spill; "streamed" makes every frame large enough (no effect on delta-spark)."""
+    if request.param == "streamed":
+        monkeypatch.setattr(delta_rs, "SPILL_BYTES", 0)
+    return request.param
+
+
+def test_overwrite_with_a_whole_table_keeps_its_rows_and_their_order(store, spark, tmp_path, write_path):
+    # A rebuild sorted by key must come out in key order, which is what keeps it clustered,
+    # whether its rows are collected or streamed.
     path = str(tmp_path / "t")
     assert store.create(path, KV, properties={"delta.targetFileSize": "32768"})  # several files
     rebuilt = spark.range(0, 20_000, numPartitions=4).selectExpr(
@@ -569,7 +578,7 @@ TYPES = StructType(
 )
 
 
-def test_types_round_trip(store, spark, tmp_path):
+def test_types_round_trip(store, spark, tmp_path, write_path):
     path = str(tmp_path / "t")
     assert store.create(path, TYPES)
     big = Decimal("1234567890123456789012345678.0123456789")

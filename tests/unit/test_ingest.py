@@ -318,6 +318,28 @@ def test_a_json_array_file_is_quarantined_once_with_one_reason(spark, storage, t
     ]
 
 
+def test_a_file_spark_cannot_read_is_quarantined_whole_and_the_others_are_ingested(spark, storage, tmp_path):
+    import gzip
+
+    from cdc_join.ingest import UNREADABLE_REASON
+
+    config = pipeline(tmp_path)
+    folder = Path(config.sources["customers"].landing or "")
+    whole = gzip.compress(("\n".join(event("c", {"id": i}, i) for i in range(50)) + "\n").encode())
+    (folder / "cut.jsonl.gz").write_bytes(whole[: len(whole) // 2])  # a truncated upload
+    land(config, "ok.jsonl", event("c", {"id": 99}, 99) + "\n")
+
+    report = ingest_source(spark, storage, config, "customers")
+
+    assert (report.files, report.events, report.quarantined) == (2, 1, 1)
+    assert bronze_keys(spark, storage, config) == [("ok.jsonl", 1)]
+    [row] = storage.read(config.quarantine_path).collect()
+    assert (row._file, row._line, row.raw) == ("cut.jsonl.gz", 0, None)
+    assert row.reason.startswith(UNREADABLE_REASON) and "Exception" in row.reason
+    # Logged like any file: the next run does not try it again.
+    assert ingest_source(spark, storage, config, "customers").files == 0
+
+
 def test_a_large_batch_is_spread_over_tasks_and_gives_the_same_rows(spark, storage, tmp_path, monkeypatch):
     import cdc_join.ingest as ingest
 
