@@ -43,6 +43,7 @@ from typing import Any
 
 import great_expectations as gx
 import pandas as pd
+import pyarrow as pa
 from great_expectations.core.expectation_suite import ExpectationSuite
 from great_expectations.data_context.types.base import ProgressBarsConfig
 from great_expectations.exceptions import ExpectationNotFoundError
@@ -52,6 +53,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType, TimestampType
 
+from cdc_join.changeset import arrow_schema, from_arrow
 from cdc_join.config import JoinType, PipelineConfig
 from cdc_join.errors import ConfigError
 from cdc_join.runlog import Checkpoint
@@ -728,7 +730,10 @@ def write_results(config: PipelineConfig, storage: Storage, report: QualityRepor
         for r in report.results
     ]
     storage.create(config.quality_path, RESULTS_SCHEMA, cdf=False)
-    storage.append(config.quality_path, storage.spark.createDataFrame(rows, RESULTS_SCHEMA))
+    table = pa.Table.from_pylist(
+        [dict(zip(RESULTS_SCHEMA.names, r, strict=True)) for r in rows], arrow_schema(RESULTS_SCHEMA)
+    )
+    storage.append(config.quality_path, from_arrow(storage.spark, RESULTS_SCHEMA, table).frame)
 
 
 def _json(value: Any) -> str:

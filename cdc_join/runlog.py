@@ -28,8 +28,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
+from cdc_join.changeset import arrow_schema, from_arrow
 from cdc_join.config import PipelineConfig
 from cdc_join.errors import ConcurrentRunError
 from cdc_join.storage import Storage
@@ -145,9 +147,13 @@ def commit_run(
     )
     storage.create(config.runs_path, RUNS_SCHEMA, cdf=False)
     try:
+        # Rows built on the driver as Arrow: the backend writes them without a Spark job.
+        table = pa.Table.from_pylist(
+            [dict(zip(RUNS_SCHEMA.names, row, strict=True))], arrow_schema(RUNS_SCHEMA)
+        )
         storage.append(
             config.runs_path,
-            storage.spark.createDataFrame([row], RUNS_SCHEMA),
+            from_arrow(storage.spark, RUNS_SCHEMA, table).frame,
             expected_version=expected_version,
         )
     except ConcurrentRunError as exc:
