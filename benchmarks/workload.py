@@ -250,7 +250,9 @@ class Workload:
         from cdc_join.ingest import ingest_all
 
         tables = self.snapshot_tables()
-        self.orders = tables["orders"].to_pandas().set_index("o_orderkey", drop=False)
+        # Strings stay in Arrow: at SF 10 Python string objects for 15 M orders would take GBs.
+        strings = {pa.string(): pd.StringDtype("pyarrow"), pa.large_string(): pd.StringDtype("pyarrow")}
+        self.orders = tables["orders"].to_pandas(types_mapper=strings.get).set_index("o_orderkey", drop=False)
         self.customers = tables["customer"].to_pandas().set_index("c_custkey", drop=False)
         first_lsn = {}
         for name, table in tables.items():
@@ -422,11 +424,18 @@ def _append_bronze(path: str, table_name: str, rows: pa.Table, first_lsn: int) -
         FROM (SELECT *, {first_lsn} - 1 + row_number() OVER () AS lsn FROM snapshot)
         """
     )
-    table = bronze.to_arrow_table()
-    columns_out = []
-    for field in target:
-        column = table[field.name]
-        if field.name == "_before":
-            column = pa.nulls(table.num_rows, field.type)
-        columns_out.append(column.cast(field.type))
-    write_deltalake(dt, pa.Table.from_arrays(columns_out, schema=target), mode="append")
+    # Streamed in batches: at SF 10 the rows with their JSON text would not fit in memory at once.
+    to_reader = getattr(bronze, "to_arrow_reader", None) or bronze.fetch_arrow_reader  # duckdb < 1.4
+    reader = to_reader(batch_size=1_000_000)
+
+    def batches() -> Any:
+        for batch in reader:
+            columns_out = []
+            for field in target:
+                column = batch.column(field.name)
+                if field.name == "_before":
+                    column = pa.nulls(batch.num_rows, field.type)
+                columns_out.append(column.cast(field.type))
+            yield pa.RecordBatch.from_arrays(columns_out, schema=target)
+
+    write_deltalake(dt, pa.RecordBatchReader.from_batches(target, batches()), mode="append")

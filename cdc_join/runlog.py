@@ -180,9 +180,11 @@ def run_lock(config: PipelineConfig) -> Iterator[None]:
         return
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     _acquire(path)
+    _HELD.add(path)
     try:
         yield
     finally:
+        _HELD.discard(path)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
 
@@ -215,6 +217,8 @@ def _holder(path: str) -> dict[str, Any] | None:
         return None
 
 
+#: Lock files this process holds (a second run in another thread must not take them over).
+_HELD: set[str] = set()
 #: A lock file holding no owner this long after it was made was left by a process killed
 #: between creating it and writing to it.
 UNKNOWN_OWNER_STALE_S = 60.0
@@ -235,8 +239,8 @@ def _is_stale(path: str, holder: Mapping[str, Any] | None) -> bool:
         return now - float(holder.get("since") or 0) > OTHER_HOST_STALE_S
     try:
         pid = int(holder["pid"])
-        if pid == os.getpid():  # not us (we are taking it): a restarted container's reused pid
-            return True
+        if pid == os.getpid():  # ours, unless a restarted container got its predecessor's pid
+            return path not in _HELD
         os.kill(pid, 0)
     except ProcessLookupError:
         return True

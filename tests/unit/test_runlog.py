@@ -65,3 +65,15 @@ def test_a_lock_of_another_host_is_honoured_for_hours_then_taken_over(tmp_path):
     path = _lock(tmp_path, {**recent, "since": time.time() - OTHER_HOST_STALE_S - 60})
     _acquire(path)
     assert _taken_by_us(path)
+
+
+def test_a_lock_this_process_holds_is_not_taken_over_by_its_second_run(tmp_path):
+    from cdc_join.runlog import _HELD
+
+    path = _lock(tmp_path, {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()})
+    _HELD.add(path)  # a run in another thread of this process holds it
+    try:
+        with pytest.raises(ConcurrentRunError):
+            _acquire(path)
+    finally:
+        _HELD.discard(path)
