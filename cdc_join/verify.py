@@ -60,8 +60,6 @@ class VerifyReport:
     samples: tuple[str, ...] = ()
     duplicated: int = 0
     """Keys silver holds more than once."""
-    surplus: int = 0
-    """Silver rows the recompute does not have (extra, different or duplicated ones)."""
     notes: tuple[str, ...] = ()
     state_differences: Mapping[str, int] = field(default_factory=dict)
     subscription_differences: Mapping[str, int] = field(default_factory=dict)
@@ -70,7 +68,7 @@ class VerifyReport:
 
     @property
     def silver_ok(self) -> bool:
-        return self.missing == self.extra == self.different == self.duplicated == self.surplus == 0
+        return self.missing == self.extra == self.different == self.duplicated == 0
 
     @property
     def ok(self) -> bool:
@@ -199,16 +197,17 @@ def verify(
             )
         else:
             actual = expected.limit(0)
-        only_expected, only_actual = expected.exceptAll(actual).cache(), actual.exceptAll(expected).cache()
-        cached += [only_expected, only_actual]
+        joined = _compared(expected, actual, keys).cache()
+        cached.append(joined)
         silver = {
             "expected": expected,
             "silver": actual,
-            "missing": only_expected.join(actual, keys, "left_anti"),
-            "extra": only_actual.join(expected, keys, "left_anti"),
-            "different": only_expected.join(actual, keys, "left_semi"),
-            "duplicated": actual.groupBy(*quoted(keys)).count().filter("count > 1"),
-            "surplus": only_actual,
+            "missing": joined.filter("__n IS NULL").select(*quoted(keys), "__e"),
+            "extra": joined.filter("__e IS NULL").select(*quoted(keys), F.col("__a").alias("silver")),
+            "different": joined.filter("__e IS NOT NULL AND __n IS NOT NULL AND NOT (__e <=> __a)").select(
+                *quoted(keys), F.col("__e").alias("expected"), F.col("__a").alias("silver")
+            ),
+            "duplicated": joined.filter("__n > 1").select(*quoted(keys), F.col("__n").alias("copies")),
         }
         internal = _internal_differences(storage, config, current, checkpoint) if source == "bronze" else {}
         counts = _count_all({**silver, **internal})
@@ -229,7 +228,6 @@ def verify(
         different=counts["different"],
         samples=tuple(shown),
         duplicated=counts["duplicated"],
-        surplus=counts["surplus"],
         notes=tuple(notes),
         state_differences=_summed(counts, "state:", list(config.sources)) if internal else {},
         subscription_differences=(
@@ -237,6 +235,20 @@ def verify(
         ),
         source=source,
     )
+
+
+def _compared(expected: DataFrame, actual: DataFrame, keys: list[str]) -> DataFrame:
+    """Per key of either side: the expected values (``__e``, null when expected has no such
+    key), one of silver's (``__a``) and how many rows silver holds for it (``__n``).
+
+    One join on the key instead of set differences both ways: a recompute holds each key once,
+    and a silver row whose key is null (or whose key the recompute lacks) is an extra one."""
+    values = [F.col(f"`{c}`") for c in expected.columns if c not in keys]
+    wanted = expected.select(*quoted(keys), F.struct(*values).alias("__e"))
+    held = actual.groupBy(*quoted(keys)).agg(
+        F.count(F.lit(1)).alias("__n"), F.first(F.struct(*values)).alias("__a")
+    )
+    return wanted.join(held, keys, "full_outer")
 
 
 def _comparable(rows: DataFrame) -> DataFrame:
@@ -290,9 +302,11 @@ def _internal_differences(
         settled = _settled(storage, config, name, checkpoint)
         stored[name] = state.current_rows(settled, list(source.primary_key))
         identity = [*quoted(source.primary_key), SEQ, FILE, LINE]
-        ours, theirs = stored[name].select(*identity), bronze.select(*identity)
-        parts[f"state:{name}"] = ours.exceptAll(theirs)
-        parts[f"state:{name}\x00bronze"] = theirs.exceptAll(ours)
+        ours = stored[name].select(*identity, F.lit(True).alias("__ours"))
+        theirs = bronze.select(*identity, F.lit(True).alias("__theirs"))
+        # Each side holds one row per key: a key whose row is on one side only differs.
+        pairs = ours.join(theirs, [*source.primary_key, SEQ, FILE, LINE], "full_outer")
+        parts[f"state:{name}"] = pairs.filter("__ours IS NULL OR __theirs IS NULL")
     if config.left not in stored:
         return parts
     left = config.left_source
@@ -309,5 +323,5 @@ def _internal_differences(
             parts[f"subscription:{join.alias}"] = wanted
             continue
         have, _ = subscription.current(storage, path, join, left)
-        parts[f"subscription:{join.alias}"] = wanted.exceptAll(have.select(*wanted.columns))
+        parts[f"subscription:{join.alias}"] = wanted.join(have, wanted.columns, "left_anti")
     return parts
