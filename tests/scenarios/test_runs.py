@@ -216,6 +216,7 @@ def test_forced_plans_give_the_same_silver_and_say_why(tmp_path, spark, storage)
         pipeline.run(plan="fastest")
 
 
+@pytest.mark.deep  # 18 runs; benchmarks/longevity.py runs the same policy for 1,000
 def test_tables_that_grow_by_a_file_per_run_are_compacted_by_the_maintenance_policy(
     tmp_path, spark, storage, monkeypatch
 ):

@@ -98,7 +98,14 @@ def _joined(tmp_path, spark, storage, join_type="left"):
     return pipeline, w
 
 
-@pytest.mark.parametrize("killed_after", ["state:lhs", "state:rhs", "subscription:rhs", "silver"])
+# The default run kills the refresh at its last write; CI's deep pass kills it at every one.
+DEEP = pytest.mark.deep
+
+
+@pytest.mark.parametrize(
+    "killed_after",
+    [pytest.param(s, marks=DEEP) for s in ("state:lhs", "state:rhs", "subscription:rhs")] + ["silver"],
+)
 def test_a_full_refresh_killed_part_way_is_repaired_by_the_next_run(tmp_path, spark, storage, killed_after):
     pipeline, w = _joined(tmp_path, spark, storage)
     pipeline.run()
@@ -115,6 +122,7 @@ def test_a_full_refresh_killed_part_way_is_repaired_by_the_next_run(tmp_path, sp
     assert silver_rows(pipeline) == {(k, fk, v, "r2*" if fk == 2 else "r1*") for k, fk, v, _ in want}
 
 
+@DEEP
 def test_a_full_refresh_killed_part_way_then_run_again_converges(tmp_path, spark, storage):
     pipeline, w = _joined(tmp_path, spark, storage)
     pipeline.run()
@@ -154,7 +162,10 @@ def test_full_refresh_and_repair_remove_silver_rows_without_a_source_row(tmp_pat
     assert pipeline.verify().ok
 
 
-@pytest.mark.parametrize("batches", ["one batch", "two batches", "late file lands first"])
+@pytest.mark.parametrize(
+    "batches",
+    [pytest.param("one batch", marks=DEEP), "two batches", pytest.param("late file lands first", marks=DEEP)],
+)
 def test_equal_sequences_go_to_the_later_file_then_line_whatever_the_batching(
     tmp_path, spark, storage, batches
 ):
@@ -327,7 +338,7 @@ def test_a_killed_run_leaves_rows_of_its_run_id_that_the_rerun_treats_as_changed
     assert pipeline.verify().ok
 
 
-@pytest.mark.parametrize("join_type", ["left", "inner"])
+@pytest.mark.parametrize("join_type", [pytest.param("left", marks=DEEP), "inner"])
 def test_a_deleted_right_row_stays_deleted_in_runs_and_full_refreshes(tmp_path, spark, storage, join_type):
     """A right delete is a tombstone newer than the row it deletes: every reader of the right
     state (the lookup of right rows, the recompute, verify) must see the key as gone."""
