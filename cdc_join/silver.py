@@ -24,11 +24,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, MapType, StructType
 
-from cdc_join.changeset import collect
+from cdc_join.changeset import collect, from_arrow
 from cdc_join.config import PipelineConfig
 from cdc_join.errors import ConcurrentRunError
 from cdc_join.schemas import quote, widens_to
@@ -62,6 +63,7 @@ class SilverReport:
 
 
 NOTHING = {"inserted": 0, "updated": 0, "deleted": 0, "rows_written": 0}
+COPIES = "_copies"
 
 
 def prepare(storage: Storage, config: PipelineConfig, rows: DataFrame, expected_version: int | None) -> int:
@@ -129,20 +131,8 @@ def write_all(
     column was dropped or changed type in a way silver cannot widen to, replace every row and
     the schema in one overwrite commit. Returns the run report's counts."""
     path = config.silver_path
-    replace = None
     if expected_version is not None and _reshaped(storage.schema(path), rows.drop(ACTION).schema):
-        replace = "columns dropped or retyped"
-    elif expected_version is not None and _duplicated_keys(storage, config):
-        # Written by hand or by another tool: a MERGE would update every copy alike.
-        replace = "keys held more than once"
-    if replace is not None:
-        if storage.version(path) != expected_version:
-            raise ConcurrentRunError(
-                f"silver {path} moved past version {expected_version}: another run wrote it"
-            )
-        upserts = rows.filter(F.col(ACTION) == "upsert").drop(ACTION)
-        written = storage.overwrite(path, upserts, expected_version=expected_version, replace_schema=True)
-        return {**NOTHING, "inserted": written.rows_inserted, "replaced": replace}
+        return _replace(storage, config, rows, expected_version, "columns dropped or retyped")
     expected = prepare(storage, config, rows, expected_version)
     if expected_version is None:
         # Silver was created by this run and is empty: its rows are the upserts, written as
@@ -152,15 +142,27 @@ def write_all(
         inserted = written.rows_inserted or 0
         return {**NOTHING, "inserted": inserted, "rows_written": inserted, "files_added": written.files_added}
     changes = differences(storage, config, rows)
-    if collect(changes).num_rows:
-        return merge(storage, config, changes, expected_version=expected).as_counts()
-    return dict(NOTHING)
+    found = collect(changes)
+    if not found.num_rows:
+        return dict(NOTHING)
+    if pc.max(found.column(COPIES)).as_py() > 1:
+        # Written by hand or by another tool: a MERGE would update every copy alike.
+        return _replace(storage, config, rows, expected, "keys held more than once")
+    schema = StructType([f for f in changes.schema.fields if f.name != COPIES])
+    rows_to_merge = from_arrow(storage.spark, schema, found.drop_columns([COPIES]))
+    return merge(storage, config, rows_to_merge.frame, expected_version=expected).as_counts()
 
 
-def _duplicated_keys(storage: Storage, config: PipelineConfig) -> bool:
-    """Whether silver holds a key more than once (one aggregation of its keys)."""
-    keys = [quote(k) for k in silver_key_columns(config)]
-    return bool(storage.read(config.silver_path).groupBy(*keys).count().filter("count > 1").limit(1).count())
+def _replace(
+    storage: Storage, config: PipelineConfig, rows: DataFrame, expected_version: int, why: str
+) -> dict[str, Any]:
+    """Replace silver's rows (and schema) with the upserts of ``rows`` in one overwrite commit."""
+    path = config.silver_path
+    if storage.version(path) != expected_version:
+        raise ConcurrentRunError(f"silver {path} moved past version {expected_version}: another run wrote it")
+    upserts = rows.filter(F.col(ACTION) == "upsert").drop(ACTION)
+    written = storage.overwrite(path, upserts, expected_version=expected_version, replace_schema=True)
+    return {**NOTHING, "inserted": written.rows_inserted, "replaced": why}
 
 
 def _reshaped(current: StructType, wanted: StructType) -> bool:
@@ -207,7 +209,8 @@ def merge(
 
 def differences(storage: Storage, config: PipelineConfig, rows: DataFrame) -> DataFrame:
     """The rows that change silver when ``rows`` is the *whole* join: new or different upserts,
-    and deletes of every silver key that ``rows`` deletes or does not have at all.
+    and deletes of every silver key that ``rows`` deletes or does not have at all. Each comes
+    with ``_copies``, how many rows silver holds for its key (a MERGE cannot mend more than one).
 
     A recompute builds a row for every left key; comparing with silver first (one join on the
     key) leaves a MERGE of the real changes only, and removes silver rows whose key has no
@@ -215,36 +218,37 @@ def differences(storage: Storage, config: PipelineConfig, rows: DataFrame) -> Da
     """
     path = config.silver_path
     if not storage.exists(path):
-        return rows.filter(F.col(ACTION) == "upsert")
+        return rows.filter(F.col(ACTION) == "upsert").withColumn(COPIES, F.lit(0).cast("long"))
     silver = storage.read(path)
     keys, columns = silver_key_columns(config), output_columns(config)
     have = {f.name: f.dataType for f in silver.schema.fields}
-    current = silver.select(
-        *[F.col(quote(k)) for k in keys],
-        F.lit(True).alias("__present"),
+    # One row per key silver holds, with how many copies of it (a key held twice, written by
+    # hand or by another tool, is rewritten whatever its values).
+    current = silver.groupBy(*[F.col(quote(k)) for k in keys]).agg(
+        F.count(F.lit(1)).alias(COPIES),
         *[
-            (_comparable(F.col(quote(c)), have[c]) if c in have else F.lit(None)).alias(f"__silver_{i}")
+            F.first(_comparable(F.col(quote(c)), have[c]) if c in have else F.lit(None)).alias(f"__s{i}")
             for i, c in enumerate(columns)
         ],
     )
     types = {f.name: f.dataType for f in rows.schema.fields}
     joined = rows.join(current, keys, "full_outer")
-    present, in_rows = F.col("__present").isNotNull(), F.col(ACTION).isNotNull()
+    present, in_rows = F.col(COPIES).isNotNull(), F.col(ACTION).isNotNull()
     differs = functools.reduce(
         operator.or_,
         [
-            ~_comparable(F.col(quote(c)), types[c]).eqNullSafe(F.col(f"__silver_{i}"))
-            if c in have
-            else F.lit(True)
+            ~_comparable(F.col(quote(c)), types[c]).eqNullSafe(F.col(f"__s{i}")) if c in have else F.lit(True)
             for i, c in enumerate(columns)
         ],
         F.lit(False),
     )
-    upsert = in_rows & (F.col(ACTION) == "upsert") & (~present | differs)
+    upsert = in_rows & (F.col(ACTION) == "upsert") & (~present | differs | (F.col(COPIES) > 1))
     delete = present & (~in_rows | (F.col(ACTION) == "delete"))
     action = F.when(upsert, F.lit("upsert")).when(delete, F.lit("delete"))
     kept = joined.withColumn(ACTION, action).filter(F.col(ACTION).isNotNull())
-    return kept.select(*[F.col(quote(c)) for c in rows.columns])
+    return kept.select(
+        *[F.col(quote(c)) for c in rows.columns], F.coalesce(F.col(COPIES), F.lit(0)).alias(COPIES)
+    )
 
 
 def _comparable(column: Column, data_type: DataType) -> Column:
