@@ -8,10 +8,15 @@ maps onto delta-rs:
   tables whose files are the whole truth: unpartitioned, no column mapping, no deletion vectors.
   Tables that are not are refused with :class:`~cdc_join.errors.StorageError` instead of being
   read wrong (this project never creates such tables; delta-rs does not write deletion vectors).
-- Writes collect the Spark DataFrame to the driver as Arrow (``DataFrame.toArrow``) and commit it
-  with delta-rs. This is also what materializes a MERGE source before the merge. Appends and
-  overwrites therefore hold the whole batch in driver memory; the change sets this project
-  merges are small, and the initial loads it appends are bounded by the driver's memory.
+- Writes of change sets (frames that carry their Arrow copy, or that Spark estimates below
+  :data:`SPILL_BYTES`) collect the frame to the driver as Arrow and commit it as one batch;
+  this is also what materializes a MERGE source before the merge. Writes of whole tables
+  (rebuilds, compactions, a first silver) stream instead: Spark spills the frame as parquet,
+  and delta-rs stages it chunk by chunk into files written in the frame's order, then commits
+  them all in one transaction (:func:`_staged_write`), so driver memory does not grow with
+  the table. delta-rs keeps the order of one batch across the files it writes, but not of
+  several: it mixes the leftovers of each batch into a shared file, which would unsort a
+  table rebuilt in key order.
 - Change Data Feed comes from ``DeltaTable.load_cdf`` and is handed to Spark as Arrow.
 
 Schemas convert through JSON: a Delta ``schemaString`` *is* Spark's ``StructType`` JSON, so
