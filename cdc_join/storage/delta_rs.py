@@ -259,7 +259,8 @@ def _has_null_type(data_type: DataType) -> bool:
 
 #: A frame Spark estimates at fewer bytes than this is collected for a write, not spilled.
 SPILL_BYTES = 64 * 1024 * 1024
-_SIZE = re.compile(r"sizeInBytes=([\d.]+)\s*(B|KiB|MiB|GiB|TiB|EiB|PiB)?")
+# Spark prints a size as "12.3 MiB", or past 2048 EiB (a join's estimate) as "1.2E+22 B".
+_SIZE = re.compile(r"sizeInBytes=([\d.]+(?:[eE][+-]?\d+)?)\s*(B|KiB|MiB|GiB|TiB|EiB|PiB)?")
 _UNITS = {None: 1, "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "PiB": 2**50, "EiB": 2**60}
 
 
@@ -276,6 +277,11 @@ def _estimated_bytes(df: DataFrame) -> int | None:
             text = df._explain_string(mode="cost")  # type: ignore[attr-defined]
         except Exception:
             return None
+    return plan_size(text)
+
+
+def plan_size(text: str) -> int | None:
+    """The estimated size of a plan printed with its statistics (``explain(mode="cost")``)."""
     plan = text.split("== Physical Plan ==")[0]
     if "Relation [" not in plan and ("LogicalRDD" in plan or "LocalRelation" in plan):
         return 0

@@ -1280,3 +1280,16 @@ def test_delta_spark_deleted_rows_from_deletion_vectors():
             )
 
     assert _deleted_rows(Table()) == {"part a.parquet": 2, "part-b.parquet": 0}
+
+
+def test_delta_rs_reads_spark_s_size_estimates_whatever_their_magnitude():
+    # A join's estimate is printed in scientific notation past 2048 EiB: read as 1 byte, a
+    # whole table was collected on the driver instead of streamed.
+    plan = "== Optimized Logical Plan ==\nProject [a#1], Statistics(sizeInBytes={})\n== Physical Plan ==\n"
+    assert delta_rs.plan_size(plan.format("1.32E+22 B")) == 13_200_000_000_000_000_000_000
+    assert delta_rs.plan_size(plan.format("75.7 PiB")) == int(75.7 * 2**50)
+    assert delta_rs.plan_size(plan.format("589.6 KiB")) == int(589.6 * 2**10)
+    rows_on_the_driver = (
+        "== Optimized Logical Plan ==\nLogicalRDD [a#1], false, Statistics(sizeInBytes=8.0 EiB)\n"
+    )
+    assert delta_rs.plan_size(rows_on_the_driver) == 0
