@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow.compute as pc
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, MapType, StructType
 
@@ -210,7 +210,8 @@ def merge(
 def differences(storage: Storage, config: PipelineConfig, rows: DataFrame) -> DataFrame:
     """The rows that change silver when ``rows`` is the *whole* join: new or different upserts,
     and deletes of every silver key that ``rows`` deletes or does not have at all. Each comes
-    with ``_copies``, how many rows silver holds for its key (a MERGE cannot mend more than one).
+    with ``_copies``, how many rows silver holds for its key (a MERGE cannot mend more than one);
+    a key silver holds more than once comes once per copy.
 
     A recompute builds a row for every left key; comparing with silver first (one join on the
     key) leaves a MERGE of the real changes only, and removes silver rows whose key has no
@@ -222,15 +223,17 @@ def differences(storage: Storage, config: PipelineConfig, rows: DataFrame) -> Da
     silver = storage.read(path)
     keys, columns = silver_key_columns(config), output_columns(config)
     have = {f.name: f.dataType for f in silver.schema.fields}
-    # One row per key silver holds, with how many copies of it (a key held twice, written by
-    # hand or by another tool, is rewritten whatever its values).
-    current = silver.groupBy(*[F.col(quote(k)) for k in keys]).agg(
-        F.count(F.lit(1)).alias(COPIES),
+    # Silver's rows with how many rows hold their key (a key held twice, written by hand or by
+    # another tool, is rewritten whatever its values). A window, not a grouping: it sorts by
+    # the key as the join below does, so the join reuses that sort, and no aggregate has to
+    # carry every column.
+    current = silver.select(
+        *[F.col(quote(k)) for k in keys],
         *[
-            F.first(_comparable(F.col(quote(c)), have[c]) if c in have else F.lit(None)).alias(f"__s{i}")
+            (_comparable(F.col(quote(c)), have[c]) if c in have else F.lit(None)).alias(f"__s{i}")
             for i, c in enumerate(columns)
         ],
-    )
+    ).withColumn(COPIES, F.count(F.lit(1)).over(Window.partitionBy(*[F.col(quote(k)) for k in keys])))
     types = {f.name: f.dataType for f in rows.schema.fields}
     joined = rows.join(current, keys, "full_outer")
     present, in_rows = F.col(COPIES).isNotNull(), F.col(ACTION).isNotNull()

@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType
+from pyspark.sql.types import BooleanType, DoubleType, FloatType, LongType, StringType, StructField, StructType
 
 from cdc_join.bronze import Increment
 from cdc_join.changeset import ChangeSet, empty, from_arrow, materialize, materialize_all, rows_of_struct
@@ -92,7 +92,19 @@ def order(row: str | None = None) -> Column:
 def newest(rows: DataFrame, key: Sequence[str]) -> DataFrame:
     """One row per key: the one of greatest order (duplicates of one event fold into one)."""
     packed = F.struct(*[F.col(c) for c in quoted(rows.columns)])
-    return rows.groupBy(*quoted(key)).agg(F.max_by(packed, order()).alias("__row")).select("__row.*")
+    grouped = rows.groupBy(*quoted(key)).agg(F.max_by(packed, order()).alias("__row"))
+    # Key columns come from the grouping, so Spark knows the result is partitioned by the key
+    # and a join or MERGE source on it needs no second shuffle. Floating-point keys keep the
+    # row's own value (grouping turns -0.0 into 0.0).
+    types = {f.name: f.dataType for f in rows.schema.fields}
+    return grouped.select(
+        *[
+            F.col(quote(c))
+            if c in key and not isinstance(types[c], (FloatType, DoubleType))
+            else F.col(f"__row.{quote(c)}").alias(c)
+            for c in rows.columns
+        ]
+    )
 
 
 def current_rows(state: DataFrame, key: Sequence[str]) -> DataFrame:
