@@ -29,7 +29,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import BooleanType, DoubleType, FloatType, LongType, StringType, StructField, StructType
+from pyspark.sql.types import (
+    BooleanType,
+    DoubleType,
+    FloatType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+)
 
 from cdc_join.bronze import Increment
 from cdc_join.changeset import ChangeSet, empty, from_arrow, materialize, materialize_all, rows_of_struct
