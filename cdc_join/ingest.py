@@ -344,13 +344,13 @@ def _parse(
     files: Sequence[LandedFile],
     ingested_at: datetime,
 ) -> _Outcome:
-    lines = read_lines(spark, files).persist()
+    known = _known_row(storage, config.bronze_path(source_name))
+    # Cached once parsed: the statistics job and the outcome's job then parse each line once.
+    parsed = parse_events(read_lines(spark, files), config.sources[source_name], known, cache=True)
     try:
-        known = _known_row(storage, config.bronze_path(source_name))
-        parsed = parse_events(lines, config.sources[source_name], known)
         return _Outcome.of(parsed, source_name, ingested_at)
     finally:
-        lines.unpersist()
+        parsed.unpersist()
 
 
 def _unreadable(spark: SparkSession, files: Sequence[LandedFile]) -> dict[str, str]:

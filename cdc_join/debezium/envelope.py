@@ -75,6 +75,8 @@ class ParsedBatch:
     row_schema: StructType
     sequence: SequenceRule
     classified: DataFrame
+    parsed: DataFrame | None = None
+    """The lines parsed as JSON, when :func:`parse_events` was asked to cache them."""
 
     def persist(self) -> ParsedBatch:
         """Cache the classified lines, which every output frame reads."""
@@ -83,9 +85,13 @@ class ParsedBatch:
 
     def unpersist(self) -> None:
         self.classified.unpersist()
+        if self.parsed is not None:
+            self.parsed.unpersist()
 
 
-def parse_events(lines: DataFrame, source: SourceConfig, known: StructType | None = None) -> ParsedBatch:
+def parse_events(
+    lines: DataFrame, source: SourceConfig, known: StructType | None = None, *, cache: bool = False
+) -> ParsedBatch:
     """Parse a batch of landing lines into change events and quarantined lines.
 
     Runs one small Spark job (per-schema statistics, collected to the driver); the returned
@@ -96,6 +102,9 @@ def parse_events(lines: DataFrame, source: SourceConfig, known: StructType | Non
         source: the source the lines belong to (primary key, sequence fields, connector).
         known: the row type already in bronze (the type of its ``_after``, or the whole bronze
             schema); it wins for the columns it has. ``None`` for a new table.
+        cache: keep the lines parsed as JSON in Spark's cache, so the statistics job and the
+            job that reads the outputs parse each line once; :meth:`ParsedBatch.unpersist`
+            releases them.
 
     Returns:
         The events, quarantine and tombstones of the batch, and the row type used.
@@ -107,9 +116,16 @@ def parse_events(lines: DataFrame, source: SourceConfig, known: StructType | Non
     if known is not None and "_after" in known.names and isinstance(known["_after"].dataType, StructType):
         known = known["_after"].dataType  # a whole bronze schema was passed: take its row type
     staged = _stage(lines)
-    stats = _batch_stats(staged, source.sequence_by)
-    rule = sequence_rule(source, stats.connectors)
-    require_sequence(source, rule, stats.events, stats.present)
+    if cache:
+        staged = staged.persist()
+    try:
+        stats = _batch_stats(staged, source.sequence_by)
+        rule = sequence_rule(source, stats.connectors)
+        require_sequence(source, rule, stats.events, stats.present)
+    except BaseException:
+        if cache:
+            staged.unpersist()
+        raise
     row, decoders = plan_rows(stats.groups, known or StructType([]))
     # An image no event has (no `before` in a snapshot) is not decoded at all.
     images = [(tag, image) for tag, image in IMAGES if stats.present.get(image)]
@@ -122,6 +138,7 @@ def parse_events(lines: DataFrame, source: SourceConfig, known: StructType | Non
         row_schema=row,
         sequence=rule,
         classified=classified,
+        parsed=staged if cache else None,
     )
 
 

@@ -355,3 +355,13 @@ def test_a_large_batch_is_spread_over_tasks_and_gives_the_same_rows(spark, stora
     assert (report.files, report.lines, report.events, report.quarantined) == (3, 14, 11, 2)
     assert bronze_keys(spark, storage, config) == EXPECTED_BRONZE
     assert quarantine_keys(storage, config) == EXPECTED_QUARANTINE
+
+
+def test_an_ingest_leaves_nothing_in_spark_s_cache(spark, storage, landed):
+    # The parsed lines are cached for the length of one batch: a scheduled job ingesting
+    # every few minutes must not pin every batch it ever read in executor memory.
+    if not hasattr(spark, "sparkContext") or spark.__class__.__module__.startswith("pyspark.sql.connect"):
+        pytest.skip("cached RDDs are counted through the JVM, which Spark Connect does not expose")
+    cached_before = spark.sparkContext._jsc.getPersistentRDDs().size()
+    ingest_all(spark, storage, landed)
+    assert spark.sparkContext._jsc.getPersistentRDDs().size() == cached_before
