@@ -5,24 +5,28 @@
 For every change count (``changed_rows``, the same absolute batch) measured at more than one
 scale factor — with ``--scale 0.1 1 --batch-fraction 0.001 0.01 0.1`` those are the batches of
 1,500 and 15,000 orders per refresh function — draws the incremental run (join only, and with
-the ingest of the batch) and the Spark full refresh against the left table's rows, plus the
-DuckDB full join as a single-node reference.
+the ingest of the batch), the recompute where one ran (chosen by the cost rule or forced with
+``--plan recompute``) and the Spark full refresh against the left table's rows, plus the
+DuckDB full join as a single-node reference. Both axes are logarithmic.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-#: Lines per change count: result key, matplotlib style, opacity, legend text.
+#: Lines per change count: result key, plan the rows must have (``None``: any), matplotlib
+#: style, opacity, legend text.
 SERIES = (
-    ("full_refresh_s", "s-", 1.0, "full refresh"),
-    ("incremental_s", "o-", 0.8, "incremental join"),
-    ("incremental_with_ingest_s", "o:", 0.6, "incremental incl. ingest"),
-    ("duckdb_full_s", "^--", 0.5, "DuckDB full join"),
+    ("full_refresh_s", None, "s-", 1.0, "full refresh"),
+    ("incremental_s", "incremental", "o-", 0.8, "incremental join"),
+    ("incremental_s", "recompute", "D-", 0.8, "recompute (join run)"),
+    ("incremental_with_ingest_s", "incremental", "o:", 0.6, "incremental incl. ingest"),
+    ("duckdb_full_s", None, "^--", 0.5, "DuckDB full join"),
 )
 
 
@@ -36,6 +40,16 @@ def shared_change_counts(results: list[dict[str, Any]]) -> dict[int, list[dict[s
         for n, rows in sorted(by_count.items())
         if len({r["scale"] for r in rows}) > 1
     }
+
+
+def points(rows: list[dict[str, Any]], key: str, plan: str | None) -> tuple[list[int], list[float]]:
+    """One point per table size: the median of ``key`` over the rows run with ``plan``."""
+    by_size: dict[int, list[float]] = defaultdict(list)
+    for r in rows:
+        if plan is None or r["plans"] == [plan]:
+            by_size[r["left_rows"]].append(r[key])
+    sizes = sorted(by_size)
+    return sizes, [statistics.median(by_size[n]) for n in sizes]
 
 
 def load(paths: list[Path]) -> dict[str, Any]:
@@ -62,26 +76,12 @@ def plot(results_paths: list[Path], out: Path) -> Path:
         raise SystemExit("no change count was measured at more than one scale factor")
     fig, ax = plt.subplots(figsize=(8, 5))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for index, (color, (n, rows)) in enumerate(zip(colors, series.items(), strict=False)):
-        sizes = [r["left_rows"] for r in rows]
+    for color, (n, rows) in zip(colors, series.items(), strict=False):
         label = f"{n:,} changed rows"
-        for key, style, alpha, what in SERIES:
-            ax.plot(
-                sizes,
-                [r[key] for r in rows],
-                style,
-                color=color,
-                alpha=alpha,
-                label=f"{what}, {label}",
-            )
-        for r in rows:
-            ax.annotate(
-                "/".join(r["plans"]),
-                (r["left_rows"], r["incremental_s"]),
-                textcoords="offset points",
-                xytext=(4, 6 if index % 2 else -12),
-                fontsize=7,
-            )
+        for key, plan, style, alpha, what in SERIES:
+            xs, ys = points(rows, key, plan)
+            if xs:
+                ax.plot(xs, ys, style, color=color, alpha=alpha, label=f"{what}, {label}")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("orders (left table rows)")
