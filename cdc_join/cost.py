@@ -14,13 +14,21 @@ The rule: estimate the affected left rows as
     changed left keys + sum over joins of (changed right keys × subscriptions per right row)
 
 (fan-outs from the file statistics of the subscription and right state tables, so deciding
-costs no Spark job) and recompute when the estimate reaches :data:`RECOMPUTE_SHARE` of the
-left state's rows, or when there is no previous run to be incremental from — provided the left
-state holds at least :data:`RECOMPUTE_MIN_ROWS` rows: below that a run's fixed cost dominates
-whichever path it takes, and the incremental path is the one that keeps its instructions.
-How the two paths compare on the TPC-H benchmark is in ``benchmarks/README.md``; the rule does
-not model a run's fixed cost, so on small tables (SF 0.1 there) a recompute is cheaper than it
-predicts. ``Pipeline.run(plan=...)`` / ``cdc-join run --plan`` override it.
+costs no Spark job) and recompute when the estimate reaches
+
+    RECOMPUTE_FIXED_ROWS + RECOMPUTE_SHARE × left state rows
+
+or when there is no previous run to be incremental from — provided the left state holds at
+least :data:`RECOMPUTE_MIN_ROWS` rows: below that a run's fixed cost dominates whichever path
+it takes, and the incremental path is the one that keeps its instructions.
+
+Where the two terms come from: an incremental run costs about ``a_i + b_i × affected`` plus a
+part that grows with the tables (copy-on-write MERGEs), a recompute ``a_r + b_r × left rows``.
+The recompute wins once ``affected ≥ (a_r − a_i) / b_i + (b_r − d_i) / b_i × left rows``: a
+fixed number of rows (the recompute's larger fixed cost, in affected rows an incremental run
+handles in the same time) plus a share of the table. Both are fitted from the TPC-H benchmark
+(``benchmarks/README.md``, "The cost rule"). ``Pipeline.run(plan=...)`` / ``cdc-join run
+--plan`` override the rule.
 """
 
 from __future__ import annotations
@@ -35,11 +43,16 @@ from cdc_join.storage import Storage
 
 #: What a run may be told to do: let the rule decide, or force either plan.
 PLANS = ("auto", "incremental", "recompute")
-#: Recompute when the estimated affected left rows reach this share of the left state's rows.
-#: Measured (benchmarks/README.md, TPC-H SF 1 on 2 cores, two runs): at 4% of the left rows
-#: affected (60,000 of 1.5 M orders) a recompute cost 26.6 s / 27.6 s against 26.9 s / 32.3 s
-#: incremental; at 0.4% the incremental run won (12.5 s / 15.0 s against 28.0 s / 25.8 s).
-RECOMPUTE_SHARE = 0.03
+#: Recompute when the estimated affected left rows reach RECOMPUTE_FIXED_ROWS plus this share
+#: of the left state's rows. Fitted from the TPC-H benchmark (benchmarks/README.md, "The cost
+#: rule"; 2 cores, delta-rs, medians of 3): incremental 2.6 s for 600 affected rows and 5.7 s
+#: for 6,044 at 150,000 orders, 6.7 s for 6,000 at 1.5 M; recompute 7.4 s at 154,500 orders and
+#: 27.5 s at 1.5 M. Per affected row an incremental run costs 0.57 ms, per left row a recompute
+#: 15 µs more than an incremental run: a share of 0.025; the recompute's extra fixed cost (3 s)
+#: is what an incremental run spends on 5,000 affected rows.
+RECOMPUTE_SHARE = 0.025
+#: ... plus this many rows: what a recompute's larger fixed cost buys an incremental run.
+RECOMPUTE_FIXED_ROWS = 5_000
 #: ... and the left state has at least this many rows.
 RECOMPUTE_MIN_ROWS = 10_000
 
@@ -56,6 +69,12 @@ class PlanDecision:
     fanout: Mapping[str, float]
     estimated_affected_rows: int | None
     share: float = RECOMPUTE_SHARE
+    fixed_rows: int = RECOMPUTE_FIXED_ROWS
+
+    @property
+    def threshold_rows(self) -> int:
+        """The estimate from which the rule recomputes."""
+        return threshold_rows(self.left_rows, self.share, self.fixed_rows)
 
     def as_report(self) -> dict[str, Any]:
         """The decision as run-report counts."""
@@ -67,8 +86,15 @@ class PlanDecision:
             "changed_right_keys": dict(self.changed_right_keys),
             "fanout": {k: round(v, 2) for k, v in self.fanout.items()},
             "estimated_affected_rows": self.estimated_affected_rows,
-            "threshold_rows": round(self.share * self.left_rows),
+            "threshold_rows": self.threshold_rows,
         }
+
+
+def threshold_rows(
+    left_rows: int, share: float = RECOMPUTE_SHARE, fixed_rows: int = RECOMPUTE_FIXED_ROWS
+) -> int:
+    """Estimated affected rows from which a recompute is chosen, for a left state of ``left_rows``."""
+    return fixed_rows + round(share * left_rows)
 
 
 def choose_plan(
@@ -81,6 +107,7 @@ def choose_plan(
     right_rows: Mapping[str, int],
     share: float = RECOMPUTE_SHARE,
     min_rows: int = RECOMPUTE_MIN_ROWS,
+    fixed_rows: int = RECOMPUTE_FIXED_ROWS,
 ) -> PlanDecision:
     """Apply the rule of this module's docstring.
 
@@ -91,8 +118,9 @@ def choose_plan(
         changed_right_keys: per join alias, distinct right keys changed since the last run.
         subscription_rows: per join alias, rows of its subscription table.
         right_rows: per join alias, rows of its right state table.
-        share: the threshold, as a share of ``left_rows``.
+        share: the threshold's part that grows with the table, as a share of ``left_rows``.
         min_rows: below this many left rows the run stays incremental.
+        fixed_rows: the threshold's fixed part, in rows.
     """
     fanout = {
         alias: subscription_rows.get(alias, 0) / right_rows[alias] if right_rows.get(alias) else 0.0
@@ -101,16 +129,38 @@ def choose_plan(
     if left_rows < min_rows:
         reason = f"left state has {left_rows} rows, fewer than {min_rows}"
         return PlanDecision(
-            False, reason, left_rows, changed_left_keys, dict(changed_right_keys), fanout, None, share
+            False,
+            reason,
+            left_rows,
+            changed_left_keys,
+            dict(changed_right_keys),
+            fanout,
+            None,
+            share,
+            fixed_rows,
         )
     if first_run or changed_left_keys is None:
-        return PlanDecision(True, "first run", left_rows, None, dict(changed_right_keys), fanout, None, share)
+        return PlanDecision(
+            True, "first run", left_rows, None, dict(changed_right_keys), fanout, None, share, fixed_rows
+        )
     estimate = changed_left_keys + round(sum(n * fanout[a] for a, n in changed_right_keys.items()))
-    recompute = estimate >= share * left_rows
+    threshold = threshold_rows(left_rows, share, fixed_rows)
+    recompute = estimate >= threshold
     sign = ">=" if recompute else "<"
-    reason = f"estimated affected rows {estimate} {sign} {share:g} × {left_rows} left rows"
+    reason = (
+        f"estimated affected rows {estimate} {sign} {threshold} "
+        f"({fixed_rows} + {share:g} × {left_rows} left rows)"
+    )
     return PlanDecision(
-        recompute, reason, left_rows, changed_left_keys, dict(changed_right_keys), fanout, estimate, share
+        recompute,
+        reason,
+        left_rows,
+        changed_left_keys,
+        dict(changed_right_keys),
+        fanout,
+        estimate,
+        share,
+        fixed_rows,
     )
 
 

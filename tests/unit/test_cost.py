@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cdc_join.cost import RECOMPUTE_MIN_ROWS, RECOMPUTE_SHARE, choose_plan
+from cdc_join.cost import RECOMPUTE_MIN_ROWS, choose_plan, threshold_rows
 
 
 def _plan(**kw):
@@ -23,11 +23,11 @@ def test_estimate_adds_changed_left_keys_and_right_fanout_from_table_sizes():
     assert decision.fanout == {"c": 10.0}
     assert decision.estimated_affected_rows == 1_000 + 10 * 10
     assert not decision.recompute
-    assert decision.as_report()["threshold_rows"] == round(RECOMPUTE_SHARE * 1_000_000)
+    assert decision.as_report()["threshold_rows"] == threshold_rows(1_000_000)
 
 
 def test_recompute_from_the_threshold_on():
-    at = round(RECOMPUTE_SHARE * 1_000_000)
+    at = threshold_rows(1_000_000)
     assert _plan(changed_left_keys=at, changed_right_keys={"c": 0}).recompute
     assert not _plan(changed_left_keys=at - 1, changed_right_keys={"c": 0}).recompute
     # A right-side change with a large fan-out counts as the left rows it touches.
@@ -41,6 +41,19 @@ def test_first_run_recomputes_and_small_tables_stay_incremental():
 
 
 def test_a_given_share_is_the_one_reported():
-    decision = _plan(share=0.5, changed_left_keys=400_000, changed_right_keys={"c": 0})
+    decision = _plan(share=0.5, fixed_rows=0, changed_left_keys=400_000, changed_right_keys={"c": 0})
     assert not decision.recompute
     assert decision.as_report()["threshold_rows"] == 500_000
+
+
+def test_the_fixed_part_of_the_threshold_keeps_small_tables_incremental_longer():
+    # A recompute costs more than an incremental run even when both touch few rows: the
+    # threshold is a fixed number of rows plus a share of the table.
+    plain = _plan(share=0.01, fixed_rows=0, left_rows=100_000, changed_left_keys=1_500, changed_right_keys={})
+    fixed = _plan(
+        share=0.01, fixed_rows=5_000, left_rows=100_000, changed_left_keys=1_500, changed_right_keys={}
+    )
+    assert plain.recompute and not fixed.recompute
+    assert fixed.as_report()["threshold_rows"] == 6_000
+    assert "6000 (5000 + 0.01 × 100000 left rows)" in fixed.reason
+    assert _plan(share=0.01, fixed_rows=5_000, left_rows=100_000, changed_left_keys=6_000).recompute
