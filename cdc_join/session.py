@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import tempfile
 from collections.abc import Iterator
@@ -64,9 +65,28 @@ def get_spark(
         )
     with _jvm_output_to(JVM_LOG) if quiet else contextlib.nullcontext():
         spark = builder.getOrCreate()
+    if quiet:
+        quiet_query_context_logs()
     if not remote:
         spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+#: PySpark's loggers that print every analysis error as JSON with its Java stack trace when the
+#: error is raised, even one the caller catches (a ``select`` expression checked before a run).
+QUERY_CONTEXT_LOGGERS = ("SQLQueryContextLogger", "DataFrameQueryContextLogger")
+
+
+def quiet_query_context_logs(quiet: bool = True) -> None:
+    """Keep PySpark's query-context error logs off the terminal (``quiet=False``: back on, at
+    PySpark's own level): the CLI reports each error in one line, the trace only under
+    ``--debug``."""
+    try:
+        from pyspark.logger import PySparkLogger
+    except ImportError:  # an older PySpark has no such loggers
+        return
+    for name in QUERY_CONTEXT_LOGGERS:
+        PySparkLogger.getLogger(name).setLevel(logging.CRITICAL + 1 if quiet else logging.WARNING)
 
 
 #: Where a quiet session's JVM writes its standard error.

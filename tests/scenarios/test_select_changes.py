@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import yaml
+from pyspark.logger import PySparkLogger
 
 from cdc_join import cli
 from cdc_join.config import load_config
@@ -42,6 +45,12 @@ def test_a_select_naming_a_missing_column_fails_before_anything_is_written(tmp_p
     assert cli.main(["--storage", "delta-rs", "-q", "run", str(cfg.config_path)]) == 2
     err = capsys.readouterr().err
     assert "pipeline.yml: select.value" in err and "Traceback" not in err
+    # PySpark logs the caught analysis error as JSON with its Java stack trace, on a handler of
+    # its own that capsys may not see: the CLI turns that logger off unless --debug is given.
+    assert not PySparkLogger.getLogger("SQLQueryContextLogger").isEnabledFor(logging.ERROR)
+    assert cli.main(["--storage", "delta-rs", "-q", "--debug", "run", str(cfg.config_path)]) == 2
+    assert PySparkLogger.getLogger("SQLQueryContextLogger").isEnabledFor(logging.ERROR)
+    capsys.readouterr()
 
 
 def test_an_added_column_is_filled_for_every_row_with_silver_history_kept(tmp_path, spark, storage):
