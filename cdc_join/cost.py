@@ -126,42 +126,35 @@ def choose_plan(
         alias: subscription_rows.get(alias, 0) / right_rows[alias] if right_rows.get(alias) else 0.0
         for alias in changed_right_keys
     }
-    if left_rows < min_rows:
-        reason = f"left state has {left_rows} rows, fewer than {min_rows}"
+
+    def decision(
+        recompute: bool, reason: str, changed_left: int | None, estimate: int | None
+    ) -> PlanDecision:
         return PlanDecision(
-            False,
+            recompute,
             reason,
             left_rows,
-            changed_left_keys,
+            changed_left,
             dict(changed_right_keys),
             fanout,
-            None,
+            estimate,
             share,
             fixed_rows,
         )
-    if first_run or changed_left_keys is None:
-        return PlanDecision(
-            True, "first run", left_rows, None, dict(changed_right_keys), fanout, None, share, fixed_rows
+
+    if left_rows < min_rows:
+        return decision(
+            False, f"left state has {left_rows} rows, fewer than {min_rows}", changed_left_keys, None
         )
+    if first_run or changed_left_keys is None:
+        return decision(True, "first run", None, None)
     estimate = changed_left_keys + round(sum(n * fanout[a] for a, n in changed_right_keys.items()))
     threshold = threshold_rows(left_rows, share, fixed_rows)
     recompute = estimate >= threshold
     sign = ">=" if recompute else "<"
-    reason = (
-        f"estimated affected rows {estimate} {sign} {threshold} "
-        f"({fixed_rows} + {share:g} × {left_rows} left rows)"
-    )
-    return PlanDecision(
-        recompute,
-        reason,
-        left_rows,
-        changed_left_keys,
-        dict(changed_right_keys),
-        fanout,
-        estimate,
-        share,
-        fixed_rows,
-    )
+    parts = f"{fixed_rows} + {share:g} × {left_rows} left rows"
+    reason = f"estimated affected rows {estimate} {sign} {threshold} ({parts})"
+    return decision(recompute, reason, changed_left_keys, estimate)
 
 
 def decide(
