@@ -6,8 +6,9 @@ Each event's ``before``/``after`` object is decoded column by column into the ba
 - a Kafka Connect schema decodes by its types and logical types (:func:`decode_connect_sql`):
   base64 or NUMERIC decimals exact to 38 digits, epoch days/millis/micros/nanos, times of day;
 - payload-only JSON decodes strictly by JSON kind (:func:`decode_json_sql`): a string never
-  becomes a number, a fraction never an integer; any value fits a string column (non-strings
-  as their JSON text).
+  becomes a number, a fraction never an integer, a decimal column takes a number only when no
+  digit is lost; an integer in a date column is days since 1970 (Debezium's date encoding);
+  any value fits a string column (non-strings as their JSON text).
 
 A JSON ``null`` (and a missing field) decodes to SQL NULL in every type, never to the text
 ``"null"``. A value that does not survive decoding — it does not fit the column, or its schema
@@ -28,6 +29,7 @@ from pyspark.sql.types import (
     BooleanType,
     ByteType,
     DataType,
+    DateType,
     DecimalType,
     DoubleType,
     FloatType,
@@ -240,11 +242,31 @@ def decode_json_sql(x: str, target: DataType, names: Names) -> str:
         return f"CASE WHEN {json_kind} = 'STRING' THEN try_to_binary({as_type(x, 'string')}, 'base64') END"
     if isinstance(target, (ByteType, ShortType, IntegerType, LongType)):
         return f"CASE WHEN {json_kind} = 'BIGINT' THEN {read} END"
-    if isinstance(target, (FloatType, DoubleType, DecimalType)):
+    if isinstance(target, DecimalType):
+        return _exact_decimal_sql(x, target)
+    if isinstance(target, (FloatType, DoubleType)):
         return f"CASE WHEN {json_kind} RLIKE '^(BIGINT|DECIMAL|DOUBLE|FLOAT)' THEN {read} END"
     if isinstance(target, BooleanType):
         return f"CASE WHEN {json_kind} = 'BOOLEAN' THEN {read} END"
+    if isinstance(target, DateType):  # Debezium writes a date as days since 1970 (io.debezium.time.Date)
+        return f"CASE WHEN {json_kind} = 'BIGINT' THEN {_epoch_date_sql(as_type(x, 'int'))} ELSE {read} END"
     return read
+
+
+def _exact_decimal_sql(x: str, target: DecimalType) -> str:
+    """A JSON number as ``target`` only when no digit is lost (a cast would round 2.5 to 3).
+
+    An integer always fits if it is in range (out of range reads as NULL); a decimal when its
+    scale is at most the column's; a double (exponent notation) when it reads back equal.
+    """
+    json_kind, read = kind(x), as_type(x, target.simpleString())
+    scale = f"CAST(substring_index(substring_index({json_kind}, ',', -1), ')', 1) AS INT)"
+    return (
+        f"CASE WHEN {json_kind} = 'BIGINT' THEN {read} "
+        f"WHEN {json_kind} LIKE 'DECIMAL(%' AND {scale} <= {target.scale} THEN {read} "
+        f"WHEN {json_kind} IN ('DOUBLE', 'FLOAT') AND CAST({read} AS DOUBLE) = {as_type(x, 'double')} "
+        f"THEN {read} END"
+    )
 
 
 def fits_sql(raw: str, decoded: str, target: DataType, names: Names) -> str:

@@ -87,10 +87,13 @@ def _parse_variant_type(tokens: list[str], i: int) -> tuple[DataType | None, int
         return (ArrayType(element) if element is not None else None), i + 1
     if word == "DECIMAL":
         precision, scale = int(tokens[i + 2]), int(tokens[i + 4])
-        # A variant stores 2.0 as DECIMAL(1,0) and widens bigint with it to DECIMAL(20,0), so
-        # only an integer too long for bigint stays a decimal; other decimals become doubles,
-        # as Spark's JSON reader infers them.
-        wide_integer = scale == 0 and precision > 20
+        # An integer past bigint's range (MySQL BIGINT UNSIGNED, 2^63 and up, has 19 or 20
+        # digits) stays an exact decimal, as Spark's JSON reader infers it; a double would drop
+        # its last digits. Other decimals become doubles, as the JSON reader infers them. A
+        # variant stores 2.0 as DECIMAL(1,0), so a batch mixing 3 and 2.0 (DECIMAL(20,0)) also
+        # reads as decimal(38,0): its values fit exactly, and a later fraction is quarantined
+        # by name rather than rounded.
+        wide_integer = scale == 0 and precision >= 19
         return (DecimalType(MAX_PRECISION, 0) if wide_integer else DoubleType()), i + 6
     return _VARIANT_SCALARS.get(word, StringType()), i + 1
 

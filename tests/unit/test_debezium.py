@@ -541,6 +541,57 @@ def test_inferred_types_stay_stable_across_batches(spark):
     assert second.events[("second.jsonl", 4)]._after.name == "5"  # a string column holds JSON text
 
 
+def test_payload_only_integers_past_bigint_keep_every_digit(spark):
+    texts = [
+        event("c", {"id": 1, "big": 18446744073709551615}, ts_ms=1),  # BIGINT UNSIGNED max, 20 digits
+        event("c", {"id": 2, "big": 9223372036854775808}, ts_ms=2),  # 2^63, 19 digits
+        event("c", {"id": 3, "big": 7}, ts_ms=3),
+    ]
+    outcome = parse(text_lines(spark, texts), source("id"))
+    assert outcome.quarantine == {}
+    assert outcome.batch.row_schema["big"].dataType == DecimalType(38, 0)
+    values = {line: e._after.big for (_, line), e in outcome.events.items()}
+    assert values == {1: Decimal(18446744073709551615), 2: Decimal(2**63), 3: Decimal(7)}
+
+
+def test_a_payload_only_number_is_never_rounded_into_a_decimal_column(spark):
+    field = decimal_field("amount", scale=2, precision=10)
+    known = parse(text_lines(spark, [connect_line([field], {"id": 1, "amount": b64(125)})]), source("id"))
+    texts = [
+        event("c", {"id": 2, "amount": 1.5}, source={"connector": "postgresql", "lsn": 2}),
+        event("c", {"id": 3, "amount": 1.234}, source={"connector": "postgresql", "lsn": 3}),
+        event("c", {"id": 4, "amount": 12}, source={"connector": "postgresql", "lsn": 4}),
+        event("c", {"id": 5, "amount": 1e-5}, source={"connector": "postgresql", "lsn": 5}),
+        event("c", {"id": 6, "amount": 123456789012}, source={"connector": "postgresql", "lsn": 6}),
+    ]
+    outcome = parse(text_lines(spark, texts, "second.jsonl"), source("id"), known.batch.row_schema)
+    assert {line: e._after.amount for (_, line), e in outcome.events.items()} == {
+        1: Decimal("1.50"),
+        3: Decimal("12.00"),
+    }
+    assert outcome.quarantine == {
+        ("second.jsonl", 2): "column amount: expected decimal(10,2), got 1.234",
+        ("second.jsonl", 4): "column amount: expected decimal(10,2), got 1.0E-5",
+        ("second.jsonl", 5): "column amount: expected decimal(10,2), got 123456789012",
+    }
+
+
+def test_a_payload_only_integer_in_a_date_column_is_days_since_1970(spark):
+    date_field = {"field": "day", "type": "int32", "name": "io.debezium.time.Date"}
+    known = parse(text_lines(spark, [connect_line([date_field], {"id": 1, "day": 0})]), source("id"))
+    texts = [
+        event("c", {"id": 2, "day": 19000}, source={"connector": "postgresql", "lsn": 2}),
+        event("c", {"id": 3, "day": "2024-02-29"}, source={"connector": "postgresql", "lsn": 3}),
+        event("c", {"id": 4, "day": 10**12}, source={"connector": "postgresql", "lsn": 4}),
+    ]
+    outcome = parse(text_lines(spark, texts, "second.jsonl"), source("id"), known.batch.row_schema)
+    assert {line: e._after.day for (_, line), e in outcome.events.items()} == {
+        1: date(2022, 1, 8),
+        2: date(2024, 2, 29),
+    }
+    assert outcome.quarantine == {("second.jsonl", 3): "column day: expected date, got 1000000000000"}
+
+
 # -- sequence encoding ------------------------------------------------------------------------
 
 
