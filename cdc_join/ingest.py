@@ -92,11 +92,8 @@ _QUARANTINE_MERGE = MergeSpec(
     on="t.source = s.source AND t._file = s._file AND t._line = s._line", update=False, merge_schema=True
 )
 _LANDING_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
+#: First characters of files and folders still being written.
 _IN_PROGRESS = ("_", ".", "+")
-#: A batch of landing files at least this large has its lines spread over tasks for parsing,
-#: one task per this many bytes, at most :data:`MAX_SPREAD` tasks.
-SPREAD_BYTES = 16 * 1024 * 1024
-MAX_SPREAD = 64  # first characters of files and folders still being written
 _GLOB_SPECIAL = re.compile(r"([\\\[\]{}*?])")
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 
@@ -739,9 +736,12 @@ def _glob_escape(path: str) -> str:
 def read_lines(spark: SparkSession, files: Sequence[LandedFile]) -> DataFrame:
     """The lines of ``files`` as ``_file, _line (1-based), value``.
 
-    Each file is read whole and split on ``\\n`` (a ``\\r`` before it and a leading byte-order
-    mark are dropped), which gives exact line numbers; the empty string after a final newline
-    is not a line.
+    Lines end at ``\\n`` only (a ``\\r`` before it and a leading byte-order mark are dropped);
+    the empty string after a final newline is not a line. A large file is read in splits by
+    several tasks, and still numbered exactly: a split's lines come in file order within one
+    task, so a line's number is the count of lines in the file's earlier splits plus its place
+    in its own split. Those counts are one small aggregate per split, broadcast back (no
+    shuffle of the lines, nothing collected on the driver).
     """
     # _metadata.file_path is URL-encoded; '+' stays literal in it, so protect it from decoding.
     # A file's name is its path after its landing folder's (files of several folders may come).
@@ -751,22 +751,29 @@ def read_lines(spark: SparkSession, files: Sequence[LandedFile]) -> DataFrame:
     cases = " ".join(
         f"WHEN instr(__path, {k}) > 0 THEN substr(__path, instr(__path, {k}) + length({k}))" for k in keys
     )
-    name = f"CASE {cases} ELSE regexp_extract(__path, '[^/]*$', 0) END" if cases else "_metadata.file_name"
-    pieces = "split(value, '\\n', -1)"
-    without_last = f"slice({pieces}, 1, size({pieces}) - 1)"
-    kept = f"CASE WHEN element_at({pieces}, -1) = '' THEN {without_last} ELSE {pieces} END"
-    text = spark.read.text([_glob_escape(f.path) for f in files], wholetext=True)
-    text = text.selectExpr("value", f"{path} AS __path")
-    exploded = text.selectExpr(f"{name} AS _file", f"posexplode({kept}) AS (pos, line)")
+    name = f"CASE {cases} ELSE regexp_extract(__path, '[^/]*$', 0) END" if cases else "__name"
+    text = spark.read.option("lineSep", "\n").text([_glob_escape(f.path) for f in files])
+    # monotonically_increasing_id counts up within a task in read order; both reads of the
+    # scan below plan the same splits, so they give every line the same id.
+    located = text.selectExpr(
+        "value",
+        f"{path} AS __path",
+        "_metadata.file_name AS __name",
+        "_metadata.file_block_start AS __block",
+        "monotonically_increasing_id() AS __id",
+    )
+    splits = located.groupBy("__path", "__block").agg(
+        F.count(F.lit(1)).alias("__n"), F.min("__id").alias("__first")
+    )
+    earlier = (
+        "sum(__n) OVER (PARTITION BY __path ORDER BY __block "
+        "ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)"
+    )
+    splits = splits.selectExpr("__path", "__block", "__first", f"coalesce({earlier}, 0) AS __before")
+    numbered = located.join(F.broadcast(splits), ["__path", "__block"])
     # A byte-order mark would make the first line invalid JSON; a \r is left by CRLF endings.
-    value = "regexp_replace(line, '^\\\\x{FEFF}|\\\\r$', '') AS value"
-    lines = exploded.selectExpr("_file", "CAST(pos + 1 AS BIGINT) AS _line", value)
-    # A file is one row until it is split into lines, so each file is parsed by one task; a
-    # large batch is spread over the cores (one shuffle of the lines) so parsing runs in parallel.
-    size = sum(f.size for f in files)
-    if size >= SPREAD_BYTES:
-        lines = lines.repartition(min(MAX_SPREAD, max(2, size // SPREAD_BYTES)))
-    return lines
+    value = "regexp_replace(value, '^\\\\x{FEFF}|\\\\r$', '') AS value"
+    return numbered.selectExpr(f"{name} AS _file", "__before + (__id - __first) + 1 AS _line", value)
 
 
 def quarantined(

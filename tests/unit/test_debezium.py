@@ -426,6 +426,10 @@ GARBAGE = [
     '{"a": 1}',
     event("c", {"id": 1, "region": "eu"}, source={"lsn": 5}) + " trailing",
     event("c", {"id": 1, "region": "eu"}, source={"lsn": 5}) * 2,  # a lost newline: two events on one line
+    event("c", {"id": 1, "region": "eu"}, source={"lsn": 5}) + "]",  # a stray bracket after the value
+    event("c", {"id": 1, "region": "eu"}, source={"lsn": 5}) + ",",
+    event("c", {"id": 1, "region": "eu"}, source={"lsn": 5}) + ", 1",
+    event("c", {"id": 1, "region": "eu", "tags": "[x]"}, source={"lsn": 5}) + "}",
 ]
 KEYS = [
     event("c", {"id": 1, "region": "eu"}, source={"lsn": 1}),
@@ -470,6 +474,10 @@ def test_garbage_lines_are_quarantined_with_file_line_and_reason(crafted_quarant
         8: "not a Debezium event: no 'op' field",
         9: "not valid JSON",
         10: "not valid JSON",
+        11: "not valid JSON",
+        12: "not valid JSON",
+        13: "not valid JSON",
+        14: "not valid JSON",
     }
     assert tombstones == {3, 4}
     assert events == {7}  # the blank line 2 is no line at all

@@ -340,17 +340,37 @@ def test_a_file_spark_cannot_read_is_quarantined_whole_and_the_others_are_ingest
     assert ingest_source(spark, storage, config, "customers").files == 0
 
 
-def test_a_large_batch_is_spread_over_tasks_and_gives_the_same_rows(spark, storage, tmp_path, monkeypatch):
-    import cdc_join.ingest as ingest
+@pytest.fixture
+def small_splits(spark):
+    """Files are read in splits of 1 KiB, so a file of a few KiB is read by several tasks."""
+    keys = ("spark.sql.files.maxPartitionBytes", "spark.sql.files.openCostInBytes")
+    saved = {k: spark.conf.get(k) for k in keys}
+    for k in keys:
+        spark.conf.set(k, "1024")
+    yield
+    for k, v in saved.items():
+        spark.conf.set(k, v)
 
-    monkeypatch.setattr(ingest, "SPREAD_BYTES", 64)  # every batch counts as large
-    config = land_three_files(tmp_path)
-    assert (
-        read_lines(
-            spark, list_landing(spark, config.sources["customers"].landing or "")
-        ).rdd.getNumPartitions()
-        > 1
+
+def test_a_file_read_in_many_splits_numbers_every_line_exactly(spark, tmp_path, small_splits):
+    folder = tmp_path / "landing"
+    folder.mkdir()
+    # Lines of uneven length (some blank, some CRLF) so split boundaries fall mid-line.
+    texts = {n: ("" if n % 7 == 0 else json.dumps({"n": n, "pad": "x" * (n % 50)})) for n in range(1, 2001)}
+    body = "".join(t + ("\r\n" if n % 5 == 0 else "\n") for n, t in texts.items())
+    (folder / "big.jsonl").write_text(body)
+    (folder / "small.jsonl").write_text('{"n": 1}\n{"n": 2}')
+    lines = read_lines(spark, list_landing(spark, str(folder)))
+    assert lines.rdd.getNumPartitions() > 10
+    got = sorted((r._file, r._line, r.value) for r in lines.collect())
+    assert got == sorted(
+        [("big.jsonl", n, t) for n, t in texts.items()]
+        + [("small.jsonl", 1, '{"n": 1}'), ("small.jsonl", 2, '{"n": 2}')]
     )
+
+
+def test_a_batch_read_in_many_splits_ingests_the_same_rows(spark, storage, tmp_path, small_splits):
+    config = land_three_files(tmp_path)
     report = ingest_source(spark, storage, config, "customers")
     assert (report.files, report.lines, report.events, report.quarantined) == (3, 14, 11, 2)
     assert bronze_keys(spark, storage, config) == EXPECTED_BRONZE
