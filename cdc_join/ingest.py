@@ -94,6 +94,9 @@ _QUARANTINE_MERGE = MergeSpec(
 _LANDING_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
 #: First characters of files and folders still being written.
 _IN_PROGRESS = ("_", ".", "+")
+#: A batch of landing files this large or larger is read in splits by several tasks; a smaller
+#: one a file per task (fewer Spark jobs, which is most of a small batch's cost).
+SPLIT_READ_BYTES = 32 * 1024 * 1024
 _GLOB_SPECIAL = re.compile(r"([\\\[\]{}*?])")
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 
@@ -737,11 +740,9 @@ def read_lines(spark: SparkSession, files: Sequence[LandedFile]) -> DataFrame:
     """The lines of ``files`` as ``_file, _line (1-based), value``.
 
     Lines end at ``\\n`` only (a ``\\r`` before it and a leading byte-order mark are dropped);
-    the empty string after a final newline is not a line. A large file is read in splits by
-    several tasks, and still numbered exactly: a split's lines come in file order within one
-    task, so a line's number is the count of lines in the file's earlier splits plus its place
-    in its own split. Those counts are one small aggregate per split, broadcast back (no
-    shuffle of the lines, nothing collected on the driver).
+    the empty string after a final newline is not a line. A batch under
+    :data:`SPLIT_READ_BYTES` is read a file per row and split into lines (fewest Spark jobs: a
+    small batch's cost is its jobs); a larger one is read in splits by several tasks.
     """
     # _metadata.file_path is URL-encoded; '+' stays literal in it, so protect it from decoding.
     # A file's name is its path after its landing folder's (files of several folders may come).
@@ -752,7 +753,35 @@ def read_lines(spark: SparkSession, files: Sequence[LandedFile]) -> DataFrame:
         f"WHEN instr(__path, {k}) > 0 THEN substr(__path, instr(__path, {k}) + length({k}))" for k in keys
     )
     name = f"CASE {cases} ELSE regexp_extract(__path, '[^/]*$', 0) END" if cases else "__name"
-    text = spark.read.option("lineSep", "\n").text([_glob_escape(f.path) for f in files])
+    paths = [_glob_escape(f.path) for f in files]
+    if sum(f.size for f in files) < SPLIT_READ_BYTES:
+        numbered = _whole_files(spark, paths, path)
+    else:
+        numbered = _in_splits(spark, paths, path)
+    # A byte-order mark would make the first line invalid JSON; a \r is left by CRLF endings.
+    value = "regexp_replace(value, '^\\\\x{FEFF}|\\\\r$', '') AS value"
+    return numbered.selectExpr(f"{name} AS _file", "_line", value)
+
+
+def _whole_files(spark: SparkSession, paths: list[str], path: str) -> DataFrame:
+    """Each file read as one row and split on ``\\n``: exact numbers, one task per file."""
+    pieces = "split(value, '\\n', -1)"
+    without_last = f"slice({pieces}, 1, size({pieces}) - 1)"
+    kept = f"CASE WHEN element_at({pieces}, -1) = '' THEN {without_last} ELSE {pieces} END"
+    text = spark.read.text(paths, wholetext=True)
+    text = text.selectExpr("value", f"{path} AS __path", "_metadata.file_name AS __name")
+    exploded = text.selectExpr("__path", "__name", f"posexplode({kept}) AS (pos, value)")
+    return exploded.selectExpr("__path", "__name", "CAST(pos + 1 AS BIGINT) AS _line", "value")
+
+
+def _in_splits(spark: SparkSession, paths: list[str], path: str) -> DataFrame:
+    """Files read in splits by several tasks, lines still numbered exactly.
+
+    A split's lines come in file order within one task, so a line's number is the count of
+    lines in its file's earlier splits plus its place in its own split. Those counts are one
+    small aggregate per split, broadcast back: no shuffle of the lines, nothing collected.
+    """
+    text = spark.read.option("lineSep", "\n").text(paths)
     # monotonically_increasing_id counts up within a task in read order; both reads of the
     # scan below plan the same splits, so they give every line the same id.
     located = text.selectExpr(
@@ -771,9 +800,7 @@ def read_lines(spark: SparkSession, files: Sequence[LandedFile]) -> DataFrame:
     )
     splits = splits.selectExpr("__path", "__block", "__first", f"coalesce({earlier}, 0) AS __before")
     numbered = located.join(F.broadcast(splits), ["__path", "__block"])
-    # A byte-order mark would make the first line invalid JSON; a \r is left by CRLF endings.
-    value = "regexp_replace(value, '^\\\\x{FEFF}|\\\\r$', '') AS value"
-    return numbered.selectExpr(f"{name} AS _file", "__before + (__id - __first) + 1 AS _line", value)
+    return numbered.selectExpr("__path", "__name", "__before + (__id - __first) + 1 AS _line", "value")
 
 
 def quarantined(

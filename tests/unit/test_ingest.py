@@ -86,7 +86,11 @@ def test_landing_listing_skips_temporary_hidden_and_other_files(spark, landed):
     assert names == ["bad.jsonl", CUSTOMERS, TOMBSTONE]
 
 
-def test_lines_are_numbered_exactly_from_one(spark, tmp_path):
+@pytest.mark.parametrize("split_read_bytes", [0, 1 << 30], ids=["in splits", "whole files"])
+def test_lines_are_numbered_exactly_from_one(spark, tmp_path, monkeypatch, split_read_bytes):
+    import cdc_join.ingest as ingest
+
+    monkeypatch.setattr(ingest, "SPLIT_READ_BYTES", split_read_bytes)
     folder = tmp_path / "landing"
     folder.mkdir()
     (folder / "a b+c.json").write_bytes(b'\xef\xbb\xbf{"n": 1}\r\n\r\n{"n": 3}\r\n')
@@ -341,8 +345,11 @@ def test_a_file_spark_cannot_read_is_quarantined_whole_and_the_others_are_ingest
 
 
 @pytest.fixture
-def small_splits(spark):
+def small_splits(spark, monkeypatch):
     """Files are read in splits of 1 KiB, so a file of a few KiB is read by several tasks."""
+    import cdc_join.ingest as ingest
+
+    monkeypatch.setattr(ingest, "SPLIT_READ_BYTES", 0)  # every batch is read in splits
     keys = ("spark.sql.files.maxPartitionBytes", "spark.sql.files.openCostInBytes")
     saved = {k: spark.conf.get(k) for k in keys}
     for k in keys:
