@@ -37,7 +37,7 @@ from cdc_join.debezium.sequence import (
     sequence_rule,
     with_sequence,
 )
-from cdc_join.debezium.sql import get, ident, lit, present, steps
+from cdc_join.debezium.sql import absent, get, ident, lit, present, steps
 
 OPS = ("c", "u", "d", "r", "t")
 UPSERT_OPS = ("c", "u", "r")
@@ -162,12 +162,16 @@ def _stage(lines: DataFrame) -> DataFrame:
         f"CASE WHEN {envelope} THEN {get('__v', '.payload')} ELSE __v END AS __p",
         f"CASE WHEN {envelope} THEN to_json({schema}) END AS __schema",
     )
-    return with_payload.selectExpr(
-        "*",
-        "sha2(__schema, 256) AS __sid",
-        "try_variant_get(__p, '$.op', 'string') AS __op",
-        "coalesce(is_variant_null(__p), false) AS __tombstone",
-    ).selectExpr("*", f"{_base_reason()} AS __base_reason", f"{_is_event()} AS __event")
+    return (
+        with_payload.selectExpr(
+            "*",
+            "sha2(__schema, 256) AS __sid",
+            "try_variant_get(__p, '$.op', 'string') AS __op",
+            "coalesce(is_variant_null(__p), false) AS __tombstone",
+        )
+        .selectExpr("*", f"{_base_reason()} AS __base_reason", f"{_is_event()} AS __event")
+        .drop("__v")
+    )
 
 
 def _whole_json_array() -> str:
@@ -231,17 +235,29 @@ def _batch_stats(staged: DataFrame, sequence_by: Iterable[str]) -> _Stats:
         {f for fs in DEFAULT_FIELDS.values() for f in fs} | {"after", "before"} | set(sequence_by)
     )
     schemaless = "__sid IS NULL"
+    # Each field is read out of the payload once, in a projection: the aggregates below use
+    # it twice (the images) or test it for both SQL NULL and JSON null.
+    values = {f: f"__f{i}" for i, f in enumerate(fields)}
     aggregates = [
         "any_value(__schema) AS schema",
         "min(struct(_file, _line)) AS first",
-        f"schema_of_variant_agg(CASE WHEN {schemaless} THEN {get('__p', '.after')} END) AS after",
-        f"schema_of_variant_agg(CASE WHEN {schemaless} THEN {get('__p', '.before')} END) AS before",
+        f"schema_of_variant_agg(CASE WHEN {schemaless} THEN {values['after']} END) AS after",
+        f"schema_of_variant_agg(CASE WHEN {schemaless} THEN {values['before']} END) AS before",
         f"min_by(CASE WHEN {schemaless} THEN value END, struct(_file, _line)) AS first_line",
         "collect_set(try_variant_get(__p, '$.source.connector', 'string')) AS connectors",
         "count(1) AS events",
-        *[f"count({present(get('__p', steps(f)))}) AS {ident('present:' + f)}" for f in fields],
+        *[f"count_if(NOT {absent(v)}) AS {ident('present:' + f)}" for f, v in values.items()],
     ]
-    rows = staged.filter("__event").groupBy("__sid").agg(*[F.expr(a) for a in aggregates]).collect()
+    events = staged.filter("__event").selectExpr(
+        "__sid",
+        "__schema",
+        "_file",
+        "_line",
+        "value",
+        "__p",
+        *[f"{get('__p', steps(f))} AS {v}" for f, v in values.items()],
+    )
+    rows = events.groupBy("__sid").agg(*[F.expr(a) for a in aggregates]).collect()
     rows.sort(key=lambda r: tuple(r["first"]))  # schemas in order of first appearance
     groups = tuple(_group(r) for r in rows)
     return _Stats(
