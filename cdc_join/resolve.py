@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -210,6 +210,8 @@ def build_rows(
     left_rows: DataFrame,
     right_rows: Mapping[str, DataFrame],
     run_id: int,
+    *,
+    broadcast: Collection[str] = (),
 ) -> DataFrame:
     """Silver rows (upserts and deletes) for left keys, joined to each right table on the fk.
 
@@ -218,6 +220,7 @@ def build_rows(
         right_rows: per join alias, live right rows as ``fk_*, _right, _right_seq``
             (:func:`cdc_join.lookup.right_rows`): those the left rows' keys name, or all.
         run_id: the run writing the rows (lineage).
+        broadcast: aliases of right tables small enough to broadcast to the join.
 
     Returns:
         ``_pk_*``, the select columns, ``_seq_<alias>`` per source alias, ``_run_id`` and
@@ -232,7 +235,8 @@ def build_rows(
         F.col(DELETED),
     )
     for join in config.joins:
-        rows = _join_right(rows, config, join, right_rows[join.alias])
+        right = right_rows[join.alias]
+        rows = _join_right(rows, config, join, F.broadcast(right) if join.alias in broadcast else right)
     return _output(config, rows, run_id)
 
 
@@ -323,4 +327,20 @@ def recompute(storage: Storage, config: PipelineConfig, pinned: Mapping[str, int
         )
         for join in config.joins
     }
-    return build_rows(config, left_rows, right, run_id)
+    small = {
+        join.alias
+        for join in config.joins
+        if _bytes(storage, config.state_path(join.right), pinned[join.right]) <= BROADCAST_BYTES
+    }
+    return build_rows(config, left_rows, right, run_id, broadcast=small)
+
+
+#: A right state table this small (its data files, at the pinned version) is broadcast to the
+#: whole-join recompute, which then keeps the left rows partitioned and sorted by their key from
+#: the newest-row aggregate to silver's comparison, instead of shuffling and sorting them by the
+#: foreign key and back.
+BROADCAST_BYTES = 64 * 1024 * 1024
+
+
+def _bytes(storage: Storage, path: str, version: int) -> int:
+    return sum(f.size_bytes for f in storage.files(path, version))

@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
-from pyspark.sql.types import DataType, MapType, StructType
+from pyspark.sql.types import ArrayType, DataType, MapType, StructType, VariantType
 
 from cdc_join.changeset import collect, from_arrow
 from cdc_join.config import PipelineConfig
@@ -223,28 +223,44 @@ def differences(storage: Storage, config: PipelineConfig, rows: DataFrame) -> Da
     silver = storage.read(path)
     keys, columns = silver_key_columns(config), output_columns(config)
     have = {f.name: f.dataType for f in silver.schema.fields}
+    types = {f.name: f.dataType for f in rows.schema.fields}
+    by_key = Window.partitionBy(*[F.col(quote(k)) for k in keys])
+    if columns and all(have.get(c) == types[c] for c in columns):
+        # Silver's side is narrowed to its key and a fingerprint of its values: the join then
+        # moves the wide rows of one side only. Silver was widened to these types (prepare).
+        current = silver.select(*[F.col(quote(k)) for k in keys], _fingerprint(columns, have).alias("__s"))
+        mine = _fingerprint(columns, types)
+    else:
+        # A column silver lacks or holds in another type: compare value by value.
+        current = silver.select(
+            *[F.col(quote(k)) for k in keys],
+            *[
+                _comparable(F.col(quote(c)), have[c]).alias(f"__s{i}")
+                for i, c in enumerate(columns)
+                if c in have
+            ],
+        )
+        mine = None
     # Silver's rows with how many rows hold their key (a key held twice, written by hand or by
     # another tool, is rewritten whatever its values). A window, not a grouping: it sorts by
     # the key as the join below does, so the join reuses that sort, and no aggregate has to
     # carry every column.
-    current = silver.select(
-        *[F.col(quote(k)) for k in keys],
-        *[
-            (_comparable(F.col(quote(c)), have[c]) if c in have else F.lit(None)).alias(f"__s{i}")
-            for i, c in enumerate(columns)
-        ],
-    ).withColumn(COPIES, F.count(F.lit(1)).over(Window.partitionBy(*[F.col(quote(k)) for k in keys])))
-    types = {f.name: f.dataType for f in rows.schema.fields}
+    current = current.withColumn(COPIES, F.count(F.lit(1)).over(by_key))
     joined = rows.join(current, keys, "full_outer")
     present, in_rows = F.col(COPIES).isNotNull(), F.col(ACTION).isNotNull()
-    differs = functools.reduce(
-        operator.or_,
-        [
-            ~_comparable(F.col(quote(c)), types[c]).eqNullSafe(F.col(f"__s{i}")) if c in have else F.lit(True)
-            for i, c in enumerate(columns)
-        ],
-        F.lit(False),
-    )
+    if mine is not None:
+        differs = ~mine.eqNullSafe(F.col("__s"))
+    else:
+        differs = functools.reduce(
+            operator.or_,
+            [
+                ~_comparable(F.col(quote(c)), types[c]).eqNullSafe(F.col(f"__s{i}"))
+                if c in have
+                else F.lit(True)
+                for i, c in enumerate(columns)
+            ],
+            F.lit(False),
+        )
     upsert = in_rows & (F.col(ACTION) == "upsert") & (~present | differs | (F.col(COPIES) > 1))
     delete = present & (~in_rows | (F.col(ACTION) == "delete"))
     action = F.when(upsert, F.lit("upsert")).when(delete, F.lit("delete"))
@@ -252,6 +268,22 @@ def differences(storage: Storage, config: PipelineConfig, rows: DataFrame) -> Da
     return kept.select(
         *[F.col(quote(c)) for c in rows.columns], F.coalesce(F.col(COPIES), F.lit(0)).alias(COPIES)
     )
+
+
+def _fingerprint(columns: Sequence[str], types: Mapping[str, DataType]) -> Column:
+    """96 bits of the values of ``columns`` (xxhash64 and murmur3 over the same arguments).
+
+    Spark's hashes skip a NULL, so each value is followed by whether it is NULL: without that
+    ``(NULL, 'x')`` and ``('x', NULL)`` would hash alike. Nested values are hashed as their JSON
+    text, which spells out NULLs inside them too (the hashes would skip those as well). Rows
+    that differ get equal fingerprints with a chance of about 2^-96 per row.
+    """
+    args: list[Column] = []
+    for c in columns:
+        value = F.col(quote(c))
+        nested = isinstance(types[c], (ArrayType, MapType, StructType, VariantType))
+        args += [F.to_json(value) if nested else value, value.isNull()]
+    return F.struct(F.xxhash64(*args).alias("x"), F.hash(*args).alias("m"))
 
 
 def _comparable(column: Column, data_type: DataType) -> Column:

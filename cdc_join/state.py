@@ -100,7 +100,10 @@ def order(row: str | None = None) -> Column:
 def newest(rows: DataFrame, key: Sequence[str]) -> DataFrame:
     """One row per key: the one of greatest order (duplicates of one event fold into one)."""
     packed = F.struct(*[F.col(c) for c in quoted(rows.columns)])
-    grouped = rows.groupBy(*quoted(key)).agg(F.max_by(packed, order()).alias("__row"))
+    # Shuffled by the key first: a key has few rows, so Spark's partial aggregate before the
+    # shuffle would sort every row only to fold almost nothing.
+    by_key = rows.repartition(*[F.col(c) for c in quoted(key)])
+    grouped = by_key.groupBy(*quoted(key)).agg(F.max_by(packed, order()).alias("__row"))
     # Key columns come from the grouping, so Spark knows the result is partitioned by the key
     # and a join or MERGE source on it needs no second shuffle. Floating-point keys keep the
     # row's own value (grouping turns -0.0 into 0.0).

@@ -56,6 +56,32 @@ def test_only_changes_keeps_what_the_merge_would_act_on(tmp_path, spark, storage
     assert silver == {("a", 10), ("b", 21), ("c", 30), ("e", 50)}
 
 
+def test_only_changes_sees_values_that_swap_places_with_a_null(tmp_path, spark, storage):
+    """Silver's side of the comparison is a fingerprint (hashes, which skip NULLs): a value
+    moving to the neighbouring column of the same type, the NULL moving the other way, is
+    still a change."""
+    pipeline, _ = make_pipeline(tmp_path, spark, storage)
+    cfg = pipeline.config
+    merge_into_silver(
+        storage,
+        cfg,
+        _rows(
+            spark,
+            ("a", "a", None, 5, "x", "1", "1", 1, "upsert"),
+            ("b", "b", 7, None, None, "1", "1", 1, "upsert"),
+            ("c", "c", 1, 2, "x", "1", "1", 1, "upsert"),
+        ),
+    )
+    candidates = _rows(
+        spark,
+        ("a", "a", 5, None, "x", "1", "1", 2, "upsert"),  # fk NULL, v 5 -> fk 5, v NULL
+        ("b", "b", None, 7, None, "1", "1", 2, "upsert"),  # fk 7, v NULL -> fk NULL, v 7
+        ("c", "c", 1, 2, "x", "1", "1", 2, "upsert"),  # unchanged
+    )
+    kept = {(r["_pk_id"], r["_action"]) for r in only_changes(storage, cfg, candidates).collect()}
+    assert kept == {("a", "upsert"), ("b", "upsert")}
+
+
 def test_only_changes_passes_every_upsert_before_silver_exists(tmp_path, spark, storage):
     pipeline, _ = make_pipeline(tmp_path, spark, storage)
     rows = _rows(
