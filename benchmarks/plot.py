@@ -57,6 +57,8 @@ def load(paths: list[Path]) -> dict[str, Any]:
     merged: dict[str, Any] = {"results": [], "scales": []}
     for path in paths:
         data = json.loads(path.read_text())
+        if "results" not in data:  # not a benchmarks.run file (e.g. longevity.json)
+            continue
         merged["machine"] = data.get("machine", {})
         merged["results"] += data["results"]
         merged["scales"] += data["scales"]

@@ -46,13 +46,14 @@ PLANS = ("auto", "incremental", "recompute")
 #: Recompute when the estimated affected left rows reach RECOMPUTE_FIXED_ROWS plus this share
 #: of the left state's rows. Fitted from the TPC-H benchmark (benchmarks/README.md, "The cost
 #: rule"; 2 cores, delta-rs, medians of 3): incremental 2.6 s for 600 affected rows and 5.7 s
-#: for 6,044 at 150,000 orders, 6.7 s for 6,000 at 1.5 M; recompute 7.4 s at 154,500 orders and
-#: 27.5 s at 1.5 M. Per affected row an incremental run costs 0.57 ms, per left row a recompute
-#: 15 µs more than an incremental run: a share of 0.025; the recompute's extra fixed cost (3 s)
-#: is what an incremental run spends on 5,000 affected rows.
-RECOMPUTE_SHARE = 0.025
+#: for 6,044 at 150,000 orders, 6.7 s for 6,000 at 1.5 M (about 2.15 s + 0.57 ms per affected
+#: row + 0.7 µs per left row); recompute 5.1 s at 154,500 orders and 16.5 s at 1.5 M (about
+#: 3.8 s + 8.5 µs per left row). Per left row a recompute costs 7.8 µs more than an incremental
+#: run, what it spends on 0.014 affected rows; its extra fixed cost (1.6 s) is what an
+#: incremental run spends on about 3,000 affected rows.
+RECOMPUTE_SHARE = 0.014
 #: ... plus this many rows: what a recompute's larger fixed cost buys an incremental run.
-RECOMPUTE_FIXED_ROWS = 5_000
+RECOMPUTE_FIXED_ROWS = 3_000
 #: ... and the left state has at least this many rows.
 RECOMPUTE_MIN_ROWS = 10_000
 
