@@ -23,7 +23,7 @@ from typing import Any
 
 from cdc_join import __version__
 from cdc_join.cost import PLANS
-from cdc_join.errors import CdcJoinError, ConcurrentRunError, ConfigError, InputError
+from cdc_join.errors import CdcJoinError, ConcurrentRunError, ConfigError, ConfigErrors, InputError
 
 OK, DIFFERENCES, CONFIG_ERROR, DATA_PROBLEM, BUSY, FAILURE = 0, 1, 2, 3, 4, 5
 STORAGES = ("auto", "delta-rs", "delta-spark")
@@ -167,6 +167,8 @@ class _Printer:
         if self.args.debug:
             traceback.print_exception(e, file=sys.stderr)
         what = f"{type(e).__name__}: {_first_line(e)}" if internal else _first_line(e)
+        if isinstance(e, ConfigErrors):  # every mistake, one per line, indented under the first
+            what = str(e).replace("\n  ", "\n    ")
         print(f"cdc-join: error: {what}\n  next: {hint}", file=sys.stderr)
         return code
 

@@ -9,14 +9,14 @@ from __future__ import annotations
 import enum
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from cdc_join.errors import ConfigError
+from cdc_join.errors import ConfigError, ConfigErrors
 from cdc_join.schemas import parse_type
 from cdc_join.storage.base import is_table_name
 
@@ -255,6 +255,8 @@ def load_config(path: str | os.PathLike[str], *, check_paths: bool = True) -> Pi
         raise ConfigError(f"not valid YAML: {e}", path=cfg_path) from e
     try:
         return parse_config(raw, base_dir=cfg_path.parent, check_paths=check_paths, config_path=cfg_path)
+    except ConfigErrors as e:
+        raise ConfigErrors(e.problems, path=cfg_path) from None
     except ConfigError as e:
         if e.path is None:
             raise ConfigError(_bare_message(e), key=e.key, path=cfg_path) from None
@@ -286,6 +288,42 @@ _SOURCE_KEYS = {"landing", "bronze", "primary_key", "sequence_by", "connector", 
 _JOIN_KEYS = {"right", "foreign_key", "type", "as"}
 
 
+ANY = "*"  # stands for every source name when the sources section itself is wrong
+
+
+class _Problems:
+    """The config errors found so far. Each check runs on its own (:meth:`value`), so one
+    mistake does not hide the others: a user fixes every one of them in one edit."""
+
+    def __init__(self) -> None:
+        self.found: list[ConfigError] = []
+
+    def value(self, check: Callable[[], Any], default: Any = None) -> Any:
+        """``check()``'s result, or ``default`` after recording the ConfigError it raised."""
+        try:
+            return check()
+        except ConfigError as e:
+            self.found.append(e)
+            return default
+
+    def unknown_keys(self, raw: Mapping[str, Any], allowed: set[str], parent: str) -> None:
+        """Record every key of ``raw`` that is not ``allowed``."""
+        for k in raw:
+            if k not in allowed:
+                self.found.append(
+                    ConfigError(
+                        f"unknown key; expected one of {sorted(allowed)}",
+                        key=f"{parent}.{k}" if parent else str(k),
+                    )
+                )
+
+    def raise_found(self) -> None:
+        if len(self.found) == 1:
+            raise self.found[0]
+        if self.found:
+            raise ConfigErrors(self.found)
+
+
 def parse_config(
     raw: Any,
     *,
@@ -293,48 +331,42 @@ def parse_config(
     check_paths: bool = True,
     config_path: Path | None = None,
 ) -> PipelineConfig:
-    """Validate an already-parsed YAML document (see :func:`load_config`)."""
+    """Validate an already-parsed YAML document (see :func:`load_config`).
+
+    Raises:
+        ConfigError: one mistake; :class:`~cdc_join.errors.ConfigErrors` holds every one when
+            there are several.
+    """
     base = base_dir or Path.cwd()
     if not isinstance(raw, Mapping):
         raise ConfigError("the config must be a mapping of keys to values")
-    _no_unknown(raw, _TOP_KEYS, "")
-    name = _name(_required(raw, "name", ""), "name")
-    tables = parse_tables(raw.get("tables"))
-    if tables is None and raw.get("lake") is None:
-        raise ConfigError("is required (or 'tables: catalog.schema' to address tables by name)", key="lake")
-    lake = _resolve(_string(raw["lake"], "lake"), base) if raw.get("lake") is not None else ""
-    sources = _sources(_required(raw, "sources", ""), base, check_paths)
-    left = _string(_required(raw, "left", ""), "left")
-    if left not in sources:
-        raise ConfigError(f"unknown source {left!r}; sources are {sorted(sources)}", key="left")
-    joins = _joins(raw.get("joins") or [], sources, left)
-    unused = [name for name in sources if name != left and name not in {j.right for j in joins}]
-    if unused:
-        raise ConfigError(
-            f"source {unused[0]!r} is not joined: name it as 'left' or as a join's 'right', or remove it",
-            key=f"sources.{unused[0]}",
-        )
-    aliases = {left, *(j.alias for j in joins)}
-    select = _select(_required(raw, "select", ""), aliases)
-    output = _name(_required(raw, "output", ""), "output")
+    p = _Problems()
+    p.unknown_keys(raw, _TOP_KEYS, "")
+    name = p.value(lambda: _name(_required(raw, "name", ""), "name"))
+    tables = p.value(lambda: parse_tables(raw.get("tables")))
+    lake = p.value(lambda: _lake(raw, tables, base), "")
+    sources, broken = _sources(raw.get("sources"), base, check_paths, p)
+    left = p.value(lambda: _left(raw, sources, broken))
+    joins, joins_broken = _joins(raw.get("joins") or [], sources, broken, left, p)
+    if left is not None and not broken and not joins_broken:
+        p.value(lambda: _all_joined(sources, left, joins))
+    # With the left source or a join in error, which aliases exist is unknown: the select
+    # list's references are then not checked, rather than blamed for the other mistake.
+    aliases = None if left is None or broken or joins_broken else {left, *(j.alias for j in joins)}
+    select = p.value(lambda: _select(_required(raw, "select", ""), aliases, p), ())
+    output = p.value(lambda: _name(_required(raw, "output", ""), "output"))
     quality = raw.get("quality") or {}
     if not isinstance(quality, Mapping):
-        raise ConfigError("must be a mapping", key="quality")
+        p.found.append(ConfigError("must be a mapping", key="quality"))
+        quality = {}
     on_quarantine = raw.get("on_quarantine", "fail")
     if on_quarantine not in ON_QUARANTINE:
-        raise ConfigError(f"must be one of {list(ON_QUARANTINE)}, got {on_quarantine!r}", key="on_quarantine")
-    horizon = raw.get("tombstone_horizon_days")
-    if horizon is not None and (
-        isinstance(horizon, bool) or not isinstance(horizon, int | float) or horizon <= 0
-    ):
-        raise ConfigError(f"must be a positive number of days, got {horizon!r}", key="tombstone_horizon_days")
-    lookback = raw.get("landing_lookback_hours")
-    if lookback is not None and (
-        isinstance(lookback, bool) or not isinstance(lookback, int | float) or not 0 < lookback < 1e6
-    ):
-        raise ConfigError(
-            f"must be a positive number of hours, got {lookback!r}", key="landing_lookback_hours"
+        p.found.append(
+            ConfigError(f"must be one of {list(ON_QUARANTINE)}, got {on_quarantine!r}", key="on_quarantine")
         )
+    horizon = p.value(lambda: _positive(raw, "tombstone_horizon_days", "days", float("inf")))
+    lookback = p.value(lambda: _positive(raw, "landing_lookback_hours", "hours", 1e6))
+    p.raise_found()
     return PipelineConfig(
         name=name,
         lake=lake,
@@ -347,9 +379,47 @@ def parse_config(
         quality=dict(quality),
         tables=tables,
         on_quarantine=on_quarantine,
-        tombstone_horizon_days=None if horizon is None else float(horizon),
-        landing_lookback_hours=None if lookback is None else float(lookback),
+        tombstone_horizon_days=horizon,
+        landing_lookback_hours=lookback,
     )
+
+
+def _lake(raw: Mapping[str, Any], tables: str | None, base: Path) -> str:
+    if raw.get("lake") is None:
+        if tables is None and raw.get("tables") is None:
+            raise ConfigError(
+                "is required (or 'tables: catalog.schema' to address tables by name)", key="lake"
+            )
+        return ""
+    return _resolve(_string(raw["lake"], "lake"), base)
+
+
+def _left(raw: Mapping[str, Any], sources: Mapping[str, SourceConfig], broken: set[str]) -> str | None:
+    left = _string(_required(raw, "left", ""), "left")
+    if left in broken or ANY in broken:
+        return None  # its own error is recorded already
+    if left not in sources:
+        raise ConfigError(f"unknown source {left!r}; sources are {sorted(set(sources) | broken)}", key="left")
+    return left
+
+
+def _all_joined(sources: Mapping[str, SourceConfig], left: str, joins: tuple[JoinConfig, ...]) -> None:
+    unused = [name for name in sources if name != left and name not in {j.right for j in joins}]
+    if unused:
+        raise ConfigError(
+            f"source {unused[0]!r} is not joined: name it as 'left' or as a join's 'right', or remove it",
+            key=f"sources.{unused[0]}",
+        )
+
+
+def _positive(raw: Mapping[str, Any], key: str, unit: str, below: float) -> float | None:
+    """An optional positive number under ``below`` (``None`` when absent)."""
+    value = raw.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < below:
+        raise ConfigError(f"must be a positive number of {unit}, got {value!r}", key=key)
+    return float(value)
 
 
 def parse_tables(value: Any) -> str | None:
@@ -362,41 +432,79 @@ def parse_tables(value: Any) -> str | None:
     return text
 
 
-def _sources(raw: Any, base: Path, check_paths: bool) -> dict[str, SourceConfig]:
+def _sources(
+    raw: Any, base: Path, check_paths: bool, p: _Problems
+) -> tuple[dict[str, SourceConfig], set[str]]:
+    """The valid sources, and the names of those that are not (their errors recorded in ``p``;
+    :data:`ANY` when the section itself is wrong, so that any name may be one of them)."""
+    if raw is None:
+        p.found.append(ConfigError("is required", key="sources"))
+        return {}, {ANY}
     if not isinstance(raw, Mapping) or not raw:
-        raise ConfigError("must be a non-empty mapping of source name to settings", key="sources")
-    out = {}
+        p.found.append(ConfigError("must be a non-empty mapping of source name to settings", key="sources"))
+        return {}, {ANY}
+    out, broken = {}, set()
     for name, spec in raw.items():
-        key = f"sources.{name}"
-        _name(name, key)
-        if not isinstance(spec, Mapping):
-            raise ConfigError("must be a mapping", key=key)
-        _no_unknown(spec, _SOURCE_KEYS, key)
-        landing = spec.get("landing")
-        bronze = spec.get("bronze")
-        if landing is not None:
-            landing = _resolve(_string(landing, f"{key}.landing"), base)
-            if check_paths and not _is_uri(landing) and not Path(landing).is_dir():
-                raise ConfigError(f"landing folder {landing} does not exist", key=f"{key}.landing")
-        if bronze is not None:
-            bronze = _string(bronze, f"{key}.bronze")
-            bronze = bronze if is_table_name(bronze) else _resolve(bronze, base)
-        connector = spec.get("connector")
-        if connector is not None and connector not in CONNECTORS:
-            raise ConfigError(f"must be one of {list(CONNECTORS)}, got {connector!r}", key=f"{key}.connector")
-        primary_key = _columns(_required(spec, "primary_key", key), f"{key}.primary_key")
-        out[str(name)] = SourceConfig(
-            name=str(name),
-            primary_key=primary_key,
-            sequence_by=_columns(spec["sequence_by"], f"{key}.sequence_by", dotted=True)
-            if spec.get("sequence_by") is not None
-            else (),
-            landing=landing,
-            bronze=bronze,
-            connector=connector,
-            columns=_declared_columns(spec.get("columns"), primary_key, f"{key}.columns"),
+        errors = len(p.found)
+        source = p.value(lambda name=name, spec=spec: _source(name, spec, base, check_paths, p))
+        if source is None or len(p.found) > errors:
+            broken.add(str(name))
+        else:
+            out[str(name)] = source
+    return out, broken
+
+
+def _source(name: Any, spec: Any, base: Path, check_paths: bool, p: _Problems) -> SourceConfig | None:
+    key = f"sources.{name}"
+    _name(name, key)
+    if not isinstance(spec, Mapping):
+        raise ConfigError("must be a mapping", key=key)
+    errors = len(p.found)
+    p.unknown_keys(spec, _SOURCE_KEYS, key)
+    landing = p.value(lambda: _landing(spec.get("landing"), key, base, check_paths))
+    bronze = p.value(lambda: _bronze(spec.get("bronze"), key, base))
+    connector = spec.get("connector")
+    if connector is not None and connector not in CONNECTORS:
+        p.found.append(
+            ConfigError(f"must be one of {list(CONNECTORS)}, got {connector!r}", key=f"{key}.connector")
         )
-    return out
+    sequence_by = p.value(
+        lambda: (
+            _columns(spec["sequence_by"], f"{key}.sequence_by", dotted=True)
+            if spec.get("sequence_by") is not None
+            else ()
+        ),
+        (),
+    )
+    primary_key = _columns(_required(spec, "primary_key", key), f"{key}.primary_key")
+    columns = _declared_columns(spec.get("columns"), primary_key, f"{key}.columns")
+    if len(p.found) > errors:
+        return None
+    return SourceConfig(
+        name=str(name),
+        primary_key=primary_key,
+        sequence_by=sequence_by,
+        landing=landing,
+        bronze=bronze,
+        connector=connector,
+        columns=columns,
+    )
+
+
+def _landing(value: Any, key: str, base: Path, check_paths: bool) -> str | None:
+    if value is None:
+        return None
+    landing = _resolve(_string(value, f"{key}.landing"), base)
+    if check_paths and not _is_uri(landing) and not Path(landing).is_dir():
+        raise ConfigError(f"landing folder {landing} does not exist", key=f"{key}.landing")
+    return landing
+
+
+def _bronze(value: Any, key: str, base: Path) -> str | None:
+    if value is None:
+        return None
+    bronze = _string(value, f"{key}.bronze")
+    return bronze if is_table_name(bronze) else _resolve(bronze, base)
 
 
 def _declared_columns(raw: Any, primary_key: tuple[str, ...], key: str) -> tuple[tuple[str, str], ...]:
@@ -419,70 +527,112 @@ def _declared_columns(raw: Any, primary_key: tuple[str, ...], key: str) -> tuple
     return tuple(out)
 
 
-def _joins(raw: Any, sources: Mapping[str, SourceConfig], left: str) -> tuple[JoinConfig, ...]:
+def _joins(
+    raw: Any, sources: Mapping[str, SourceConfig], broken: set[str], left: str | None, p: _Problems
+) -> tuple[tuple[JoinConfig, ...], set[str]]:
+    """The valid joins, and the aliases of those that are not (their errors recorded in ``p``)."""
     if not isinstance(raw, list):
-        raise ConfigError("must be a list of joins", key="joins")
-    joins = []
+        p.found.append(ConfigError("must be a list of joins", key="joins"))
+        return (), {"?"}
+    joins, failed = [], set()
     for i, spec in enumerate(raw):
-        key = f"joins[{i}]"
-        if not isinstance(spec, Mapping):
-            raise ConfigError("must be a mapping", key=key)
-        _no_unknown(spec, _JOIN_KEYS, key)
-        right = _string(_required(spec, "right", key), f"{key}.right")
-        if right not in sources:
-            raise ConfigError(f"unknown source {right!r}; sources are {sorted(sources)}", key=f"{key}.right")
-        if right == left:
-            raise ConfigError("a source cannot be joined to itself", key=f"{key}.right")
-        fk = _columns(_required(spec, "foreign_key", key), f"{key}.foreign_key")
+        join = p.value(lambda i=i, spec=spec: _one_join(spec, f"joins[{i}]", sources, broken, left, p))
+        if join is None:
+            failed.add(str(spec.get("as") or spec.get("right")) if isinstance(spec, Mapping) else "?")
+            continue
+        if join.alias in {j.alias for j in joins} or join.alias == left:
+            p.found.append(
+                ConfigError(
+                    f"alias {join.alias!r} is used twice; give each join of {join.right!r} its own 'as'",
+                    key=f"joins[{i}]",
+                )
+            )
+            failed.add(join.alias)
+            continue
+        joins.append(join)
+    return tuple(joins), failed
+
+
+def _one_join(
+    spec: Any, key: str, sources: Mapping[str, SourceConfig], broken: set[str], left: str | None, p: _Problems
+) -> JoinConfig | None:
+    if not isinstance(spec, Mapping):
+        raise ConfigError("must be a mapping", key=key)
+    errors = len(p.found)
+    p.unknown_keys(spec, _JOIN_KEYS, key)
+    right = p.value(lambda: _right(spec, key, sources, broken, left))
+    fk = p.value(lambda: _columns(_required(spec, "foreign_key", key), f"{key}.foreign_key"))
+    if right in sources and fk is not None and len(fk) != len(sources[right].primary_key):
         right_pk = sources[right].primary_key
-        if len(fk) != len(right_pk):
-            raise ConfigError(
+        p.found.append(
+            ConfigError(
                 f"has {len(fk)} column(s) but {right!r} has a primary key of "
                 f"{len(right_pk)}: {list(right_pk)}",
                 key=f"{key}.foreign_key",
             )
-        type_text = spec.get("type", "inner")
-        try:
-            join_type = JoinType(str(type_text).lower())
-        except ValueError:
-            raise ConfigError(f"must be 'inner' or 'left', got {type_text!r}", key=f"{key}.type") from None
-        alias = _name(spec.get("as", right), f"{key}.as")
-        joins.append(JoinConfig(right=right, foreign_key=fk, type=join_type, alias=alias))
-    seen: set[str] = set()
-    for i, j in enumerate(joins):
-        if j.alias in seen or j.alias == left:
-            raise ConfigError(
-                f"alias {j.alias!r} is used twice; give each join of {j.right!r} its own 'as'",
-                key=f"joins[{i}]",
-            )
-        seen.add(j.alias)
-    return tuple(joins)
+        )
+    type_text = spec.get("type", "inner")
+    join_type = p.value(lambda: _join_type(type_text, key))
+    alias = p.value(lambda: _name(spec["as"], f"{key}.as")) if "as" in spec else right
+    if len(p.found) > errors or right is None:
+        return None
+    return JoinConfig(right=right, foreign_key=fk, type=join_type, alias=alias)
 
 
-def _select(raw: Any, aliases: set[str]) -> tuple[tuple[str, str], ...]:
+def _right(
+    spec: Mapping[str, Any], key: str, sources: Mapping[str, SourceConfig], broken: set[str], left: str | None
+) -> str | None:
+    right = _string(_required(spec, "right", key), f"{key}.right")
+    if right in broken or ANY in broken:
+        return None  # its own error is recorded already
+    if right not in sources:
+        raise ConfigError(
+            f"unknown source {right!r}; sources are {sorted(set(sources) | broken)}", key=f"{key}.right"
+        )
+    if right == left:
+        raise ConfigError("a source cannot be joined to itself", key=f"{key}.right")
+    return right
+
+
+def _join_type(text: Any, key: str) -> JoinType:
+    try:
+        return JoinType(str(text).lower())
+    except ValueError:
+        raise ConfigError(f"must be 'inner' or 'left', got {text!r}", key=f"{key}.type") from None
+
+
+def _select(raw: Any, aliases: set[str] | None, p: _Problems) -> tuple[tuple[str, str], ...]:
     if not isinstance(raw, Mapping) or not raw:
         raise ConfigError("must be a non-empty mapping of output column to SQL expression", key="select")
     out = []
     lowered: dict[str, str] = {}
     for column, expr in raw.items():
         key = f"select.{column}"
-        _name(column, key)
-        if str(column).startswith("_"):
-            raise ConfigError("output column names starting with '_' are reserved for metadata", key=key)
-        if str(column).lower() in lowered:
-            raise ConfigError(f"duplicate output column (also {lowered[str(column).lower()]!r})", key=key)
-        lowered[str(column).lower()] = str(column)
-        text = _string(expr, key)
-        code = _STRING_LITERAL.sub("''", text)
-        _check_safe(code, key)
-        params = {p.strip() for m in _LAMBDA_PARAMS.findall(code) for p in ",".join(m).split(",")}
-        unknown = sorted(set(_QUALIFIED.findall(code)) - aliases - params)
-        if unknown:
-            raise ConfigError(
-                f"refers to unknown source alias(es) {unknown}; known: {sorted(aliases)}", key=key
-            )
-        out.append((str(column), text))
+        entry = p.value(
+            lambda column=column, expr=expr, key=key: _select_entry(column, expr, key, aliases, lowered)
+        )
+        if entry is not None:
+            out.append(entry)
     return tuple(out)
+
+
+def _select_entry(
+    column: Any, expr: Any, key: str, aliases: set[str] | None, lowered: dict[str, str]
+) -> tuple[str, str]:
+    _name(column, key)
+    if str(column).startswith("_"):
+        raise ConfigError("output column names starting with '_' are reserved for metadata", key=key)
+    if str(column).lower() in lowered:
+        raise ConfigError(f"duplicate output column (also {lowered[str(column).lower()]!r})", key=key)
+    lowered[str(column).lower()] = str(column)
+    text = _string(expr, key)
+    code = _STRING_LITERAL.sub("''", text)
+    _check_safe(code, key)
+    params = {p.strip() for m in _LAMBDA_PARAMS.findall(code) for p in ",".join(m).split(",")}
+    unknown = sorted(set(_QUALIFIED.findall(code)) - (aliases or set()) - params)
+    if unknown and aliases is not None:
+        raise ConfigError(f"refers to unknown source alias(es) {unknown}; known: {sorted(aliases)}", key=key)
+    return str(column), text
 
 
 def _check_safe(code: str, key: str) -> None:

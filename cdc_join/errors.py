@@ -36,6 +36,20 @@ class ConfigError(CdcJoinError):
         super().__init__(f"{': '.join(where)}: {message}" if where else message)
 
 
+class ConfigErrors(ConfigError):
+    """Several mistakes in one pipeline YAML, reported together so one edit can fix them all.
+
+    Args:
+        problems: each mistake, naming its key.
+        path: the config file.
+    """
+
+    def __init__(self, problems: list[ConfigError] | tuple[ConfigError, ...], *, path: object = None) -> None:
+        self.problems = tuple(problems)
+        lines = "\n".join(f"  {p}" for p in self.problems)
+        super().__init__(f"{len(self.problems)} problems:\n{lines}", path=path)
+
+
 class InputError(CdcJoinError):
     """Source data cannot be processed as a whole (e.g. no usable sequence field)."""
 

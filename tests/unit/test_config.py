@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from cdc_join.config import JoinConfig, JoinType, PipelineConfig, SourceConfig, load_config, parse_config
-from cdc_join.errors import ConfigError
+from cdc_join.errors import ConfigError, ConfigErrors
 
 DESIGN_EXAMPLE = """\
 name: orders_enriched
@@ -629,8 +629,75 @@ def test_a_source_that_is_not_joined_names_key_and_file(project: Path) -> None:
     # It would be ingested and kept in state for nothing, and stop every run until its first event.
     raw = _base()
     raw["joins"] = []
-    err = _fails(_write(project, raw), "sources.customers")
-    assert "not joined" in str(err)
+    with pytest.raises(ConfigErrors) as info:
+        load_config(_write(project, raw))
+    keys = [p.key for p in info.value.problems]
+    assert keys == ["sources.customers", "select.customer_email"]
+    assert "not joined" in str(info.value.problems[0])
+
+
+# -- several mistakes: all reported at once --------------------------------------------------
+
+
+def test_every_mistake_is_reported_at_once_each_naming_its_key(project: Path) -> None:
+    raw = _base()
+    raw["sources"]["orders"]["connector"] = "oracle"
+    raw["sources"]["customers"]["primary_key"] = []
+    raw["joins"][0]["type"] = "outer"
+    raw["select"]["_hidden"] = "orders.id"
+    raw["select"]["amount"] = "orders.amount + reflect('java.lang.Runtime', 'exit')"
+    raw["on_quarantine"] = "ignore"
+    raw["tombstone_horizon_days"] = -1
+    raw["colour"] = "blue"
+    path = _write(project, raw)
+    with pytest.raises(ConfigErrors) as info:
+        load_config(path)
+    err = info.value
+    assert sorted(p.key for p in err.problems) == sorted(
+        [
+            "colour",
+            "sources.customers.primary_key",
+            "sources.orders.connector",
+            "joins[0].type",
+            "select._hidden",
+            "select.amount",
+            "on_quarantine",
+            "tombstone_horizon_days",
+        ]
+    )
+    text = str(err)
+    assert text.startswith(f"{path}: 8 problems:")
+    assert all(f"\n  {p.key}: " in text for p in err.problems)
+
+
+def test_a_mistake_is_not_reported_again_through_what_depends_on_it(project: Path) -> None:
+    # An unknown left source: the select list's `orders.…` is not blamed for it.
+    raw = _base()
+    raw["left"] = "order"
+    err = _fails(_write(project, raw), "left")
+    assert not isinstance(err, ConfigErrors)
+    # A broken source: joins naming it are not "unknown source" too.
+    raw = _base()
+    raw["sources"]["customers"]["connector"] = "db2"
+    err = _fails(_write(project, raw), "sources.customers.connector")
+    assert not isinstance(err, ConfigErrors)
+
+
+def test_the_cli_prints_every_config_mistake_and_exits_2(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from cdc_join.cli import CONFIG_ERROR, main
+
+    raw = _base()
+    raw["joins"][0]["type"] = "outer"
+    raw["output"] = "orders enriched"
+    path = _write(project, raw)
+    assert main(["run", str(path)]) == CONFIG_ERROR
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == f"cdc-join: error: {path}: 2 problems:"
+    assert err[1] == "    joins[0].type: must be 'inner' or 'left', got 'outer'"
+    assert err[2] == "    output: 'orders enriched' is not a valid name (letters, digits, _)"
+    assert err[3] == "  next: fix the pipeline YAML and run again"
 
 
 def test_select_referring_to_an_alias_that_is_not_joined_names_key_and_file(project: Path) -> None:
