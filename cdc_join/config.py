@@ -16,30 +16,15 @@ from typing import Any
 
 import yaml
 
-from cdc_join.errors import ConfigError, ConfigErrors
+from cdc_join.errors import ConfigError, ConfigErrors, config_errors
+from cdc_join.expressions import check_safe, code_of
 from cdc_join.schemas import parse_type
 from cdc_join.storage.base import is_table_name
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # `alias.column` references in a select expression, outside string literals.
 _QUALIFIED = re.compile(r"(?<![\w.`])`?([A-Za-z_][A-Za-z0-9_]*)`?\s*\.\s*`?[A-Za-z_]")
-_STRING_LITERAL = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"")
 # Lambda parameters of higher-order functions: `x -> x.a`, `(acc, x) -> acc + x.a`.
-#: Functions a select expression may not call: they run JVM code (reflect, java_method), read
-#: secrets, files or remote services with the job's privileges, or cost money per call.
-FORBIDDEN_FUNCTIONS = (
-    "reflect",
-    "try_reflect",
-    "java_method",
-    "secret",
-    "try_secret",
-    "http_request",
-    "read_files",
-    "read_kafka",
-    "ai_query",
-)
-_FORBIDDEN_CALL = re.compile(rf"(?i)\b({'|'.join(FORBIDDEN_FUNCTIONS)})\s*\(")
-_SUBQUERY = re.compile(r"(?i)\bselect\b")
 _LAMBDA_PARAMS = re.compile(r"(?:\(\s*([A-Za-z_][\w\s,]*)\)|\b([A-Za-z_]\w*))\s*->")
 
 CONNECTORS = ("postgresql", "mysql", "sqlserver")
@@ -250,7 +235,7 @@ def load_config(path: str | os.PathLike[str], *, check_paths: bool = True) -> Pi
         _check_unique_keys(yaml.compose(text, Loader=yaml.SafeLoader))
         raw = yaml.safe_load(text)
     except ConfigError as e:
-        raise ConfigError(_bare_message(e), key=e.key, path=cfg_path) from None
+        raise ConfigError(e.message, key=e.key, path=cfg_path) from None
     except yaml.YAMLError as e:
         raise ConfigError(f"not valid YAML: {e}", path=cfg_path) from e
     try:
@@ -259,13 +244,8 @@ def load_config(path: str | os.PathLike[str], *, check_paths: bool = True) -> Pi
         raise ConfigErrors(e.problems, path=cfg_path) from None
     except ConfigError as e:
         if e.path is None:
-            raise ConfigError(_bare_message(e), key=e.key, path=cfg_path) from None
+            raise ConfigError(e.message, key=e.key, path=cfg_path) from None
         raise
-
-
-def _bare_message(e: ConfigError) -> str:
-    text = str(e)
-    return text[len(e.key) + 2 :] if e.key and text.startswith(f"{e.key}: ") else text
 
 
 _TOP_KEYS = {
@@ -318,10 +298,8 @@ class _Problems:
                 )
 
     def raise_found(self) -> None:
-        if len(self.found) == 1:
-            raise self.found[0]
         if self.found:
-            raise ConfigErrors(self.found)
+            raise config_errors(self.found)
 
 
 def parse_config(
@@ -626,26 +604,12 @@ def _select_entry(
         raise ConfigError(f"duplicate output column (also {lowered[str(column).lower()]!r})", key=key)
     lowered[str(column).lower()] = str(column)
     text = _string(expr, key)
-    code = _STRING_LITERAL.sub("''", text)
-    _check_safe(code, key)
+    code = code_of(check_safe(text, key))
     params = {p.strip() for m in _LAMBDA_PARAMS.findall(code) for p in ",".join(m).split(",")}
     unknown = sorted(set(_QUALIFIED.findall(code)) - (aliases or set()) - params)
     if unknown and aliases is not None:
         raise ConfigError(f"refers to unknown source alias(es) {unknown}; known: {sorted(aliases)}", key=key)
     return str(column), text
-
-
-def _check_safe(code: str, key: str) -> None:
-    """A select expression is Spark SQL run with the job's privileges: no subqueries (they can
-    read any table the job can), no calls of :data:`FORBIDDEN_FUNCTIONS`."""
-    if _SUBQUERY.search(code):
-        raise ConfigError("may not hold a subquery (SELECT): use the sources' columns only", key=key)
-    called = _FORBIDDEN_CALL.search(code)
-    if called:
-        raise ConfigError(
-            f"may not call {called.group(1)}(): it runs code or reads data with the job's privileges",
-            key=key,
-        )
 
 
 def _required(raw: Mapping[str, Any], name: str, parent: str) -> Any:

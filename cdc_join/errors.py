@@ -26,6 +26,7 @@ class ConfigError(CdcJoinError):
     """
 
     def __init__(self, message: str, *, key: str | None = None, path: object = None) -> None:
+        self.message = message
         self.key = key
         self.path = path
         where = []
@@ -48,6 +49,15 @@ class ConfigErrors(ConfigError):
         self.problems = tuple(problems)
         lines = "\n".join(f"  {p}" for p in self.problems)
         super().__init__(f"{len(self.problems)} problems:\n{lines}", path=path)
+
+
+def config_errors(problems: list[ConfigError], path: object = None) -> ConfigError:
+    """One error to raise for ``problems`` (at least one), naming the config file ``path``: the
+    problem itself when there is one, else :class:`ConfigErrors`."""
+    if len(problems) == 1:
+        one = problems[0]
+        return ConfigError(one.message, key=one.key, path=path if path is not None else one.path)
+    return ConfigErrors(problems, path=path)
 
 
 class InputError(CdcJoinError):

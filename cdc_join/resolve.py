@@ -31,7 +31,7 @@ from pyspark.sql.types import BooleanType, StructField, StructType
 from cdc_join import lookup, state, subscription
 from cdc_join.changeset import ChangeSet, materialize, same_values
 from cdc_join.config import JoinConfig, JoinType, PipelineConfig
-from cdc_join.errors import ConfigError
+from cdc_join.errors import ConfigError, config_errors
 from cdc_join.lookup import RIGHT, RIGHT_SEQ
 from cdc_join.schemas import quote
 from cdc_join.state import value_fields
@@ -288,30 +288,35 @@ def select_schema(storage: Storage, config: PipelineConfig) -> StructType:
         ]
     )
     left_columns = rows[config.left].dataType
+    problems = []
     for i, join in enumerate(config.joins):
         missing = [c for c in join.foreign_key if c not in left_columns.names]
         if missing:
-            raise ConfigError(
-                f"{config.left!r} has no column {', '.join(map(repr, missing))}; its columns are "
-                f"{', '.join(left_columns.names)}",
-                key=f"joins[{i}].foreign_key",
-                path=config.config_path,
+            problems.append(
+                ConfigError(
+                    f"{config.left!r} has no column {', '.join(map(repr, missing))}; its columns are "
+                    f"{', '.join(left_columns.names)}",
+                    key=f"joins[{i}].foreign_key",
+                )
             )
     empty = storage.spark.createDataFrame([], rows)
+    known = "; ".join(
+        f"{alias}: {', '.join(f.name for f in rows[alias].dataType.fields)}" for alias, _ in aliases
+    )
     fields = []
     for name, expression in config.select:
         try:
             fields.append(empty.select(F.expr(expression).alias(name)).schema[name])
         except Exception as e:  # AnalysisException, ParseException; their first line says why
             reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            known = "; ".join(
-                f"{alias}: {', '.join(f.name for f in rows[alias].dataType.fields)}" for alias, _ in aliases
+            problems.append(
+                ConfigError(
+                    f"{expression!r} cannot be computed from the sources' columns ({known}): {reason}",
+                    key=f"select.{name}",
+                )
             )
-            raise ConfigError(
-                f"{expression!r} cannot be computed from the sources' columns ({known}): {reason}",
-                key=f"select.{name}",
-                path=config.config_path,
-            ) from None
+    if problems:
+        raise config_errors(problems, config.config_path)
     return StructType(fields)
 
 

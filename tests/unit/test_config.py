@@ -863,6 +863,15 @@ def test_delta_rs_backend_refuses_table_names_with_a_clear_error():
         ("reflect('java.lang.Runtime', 'getRuntime')", r"reflect\(\)"),
         ("JAVA_METHOD('java.lang.System', 'exit', 1)", r"JAVA_METHOD\(\)"),
         ("concat(orders.id, secret('scope', 'key'))", r"secret\(\)"),
+        # However a call is written, it is the same call to Spark's lexer:
+        ("`reflect`('java.lang.Runtime', 'getRuntime')", r"reflect\(\)"),
+        ("reflect/* a comment */('java.lang.Runtime', 'getRuntime')", r"reflect\(\)"),
+        ("reflect -- a comment\n ('java.lang.Runtime', 'getRuntime')", r"reflect\(\)"),
+        ("IDENTIFIER('reflect')('java.lang.Runtime', 'getRuntime')", r"IDENTIFIER\(\)"),
+        ("concat(r'\\', java_method('java.lang.System', 'exit', 1), '\\\\')", r"java_method\(\)"),
+        ("concat('it\\'s', reflect('a', 'b'))", r"reflect\(\)"),
+        ("main.tools.run_shell(orders.id)", r"stored function \(main\.tools\.run_shell\(\)\)"),
+        ("orders.id IN (TABLE secrets)", r"subquery \(TABLE\)"),
     ],
 )
 def test_select_expressions_may_not_run_code_or_read_other_data(tmp_path, expression, message):
@@ -878,16 +887,38 @@ def test_select_expressions_may_not_run_code_or_read_other_data(tmp_path, expres
         parse_config(raw, base_dir=tmp_path, check_paths=False)
 
 
+def test_an_expression_spark_cannot_read_names_the_key(tmp_path):
+    raw = {
+        "name": "p",
+        "lake": "lake",
+        "sources": {"orders": {"landing": "landing/orders", "primary_key": ["id"]}},
+        "left": "orders",
+        "select": {"x": "concat('unclosed, orders.id)", "y": "orders.id /* open"},
+        "output": "out",
+    }
+    with pytest.raises(ConfigErrors) as info:
+        parse_config(raw, base_dir=tmp_path, check_paths=False)
+    assert [str(p) for p in info.value.problems] == [
+        "select.x: is not a valid expression: a string literal ('…') is not closed",
+        "select.y: is not a valid expression: a comment (/* … */) is not closed",
+    ]
+
+
 def test_words_like_select_inside_strings_and_names_are_fine(tmp_path):
     raw = {
         "name": "p",
         "lake": "lake",
         "sources": {"orders": {"landing": "landing/orders", "primary_key": ["id"]}},
         "left": "orders",
-        "select": {"x": "concat('select ', orders.selected, ' reflect(')", "y": "orders.reflection"},
+        "select": {
+            "x": "concat('select ', orders.selected, ' reflect(')",
+            "y": "orders.reflection",
+            "z": "concat(r'C:\\dir\\', orders.table, /* reflect( */ 'it''s') -- java_method(",
+            "w": "transform(orders.items, x -> x.price * 2)",
+        },
         "output": "out",
     }
-    assert len(parse_config(raw, base_dir=tmp_path, check_paths=False).select) == 2
+    assert len(parse_config(raw, base_dir=tmp_path, check_paths=False).select) == 4
 
 
 @pytest.mark.parametrize("hours", [0, -1, "24", True])
