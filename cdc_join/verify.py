@@ -23,12 +23,12 @@ from functools import reduce
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import MapType
+from pyspark.sql.types import ArrayType, DataType, MapType, StructType
 
 from cdc_join import lookup, resolve, runlog, state, subscription
 from cdc_join.config import PipelineConfig
 from cdc_join.runlog import Checkpoint
-from cdc_join.schemas import quoted
+from cdc_join.schemas import quoted, widens_to
 from cdc_join.storage import Storage
 from cdc_join.tables import (
     ACTION,
@@ -174,26 +174,41 @@ def verify(
     checkpoint = runlog.last_checkpoint(storage, config)
     # Built and cached once: the silver and the internal checks read it three times.
     current = {name: rows.cache() for name, rows in _current(storage, config, source, checkpoint).items()}
-    expected = _comparable(expected_silver(storage, config, source, current).select(*quoted(columns)))
-    expected = expected.cache()
+    computed = expected_silver(storage, config, source, current).select(*quoted(columns))
+    types = {f.name: f.dataType for f in computed.schema.fields}
+    expected = _comparable(computed).cache()
     cached = [*current.values(), expected]
     notes: list[str] = []
     try:
         if storage.exists(config.silver_path):
             stored = storage.read(config.silver_path)
-            absent = [c for c in columns if c not in stored.columns]
+            have = {f.name: f.dataType for f in stored.schema.fields}
+            absent = [c for c in columns if c not in have]
+            retyped = [c for c in columns if c in have and not _compares_as(have[c], types[c])]
             if absent:
                 notes.append(
                     f"silver has no column {', '.join(absent)}: its definition changed since the last "
                     "run; the next run recomputes it"
                 )
+            if retyped:
+                held = ", ".join(f"{have[c].simpleString()}, not {types[c].simpleString()}" for c in retyped)
+                notes.append(
+                    f"silver's column {', '.join(retyped)} has another type than its definition gives "
+                    f"({held}): the next run recomputes it"
+                )
+            # A column silver lacks or holds in a type the definition no longer gives compares as
+            # NULL (every row with a value differs); a narrower type compares by its values.
             actual = _comparable(
                 stored.select(
                     *[
-                        F.col(f"`{c}`") if c not in absent else F.lit(None).cast(expected.schema[c].dataType)
+                        F.lit(None).cast(types[c]).alias(c)
+                        if c in absent or c in retyped
+                        else F.col(f"`{c}`").alias(c)
+                        if have[c] == types[c]
+                        else F.col(f"`{c}`").cast(types[c]).alias(c)
                         for c in columns
                     ]
-                ).toDF(*columns)
+                )
             )
         else:
             actual = expected.limit(0)
@@ -235,6 +250,15 @@ def verify(
         ),
         source=source,
     )
+
+
+def _compares_as(held: DataType, wanted: DataType) -> bool:
+    """Whether silver's values of type ``held`` compare with the definition's of type ``wanted``:
+    the same type, or a flat type that widens to it (cast; a struct cast goes by position)."""
+    if held == wanted:
+        return True
+    flat = not isinstance(held, (ArrayType, MapType, StructType))
+    return flat and widens_to(held, wanted)
 
 
 def _compared(expected: DataFrame, actual: DataFrame, keys: list[str]) -> DataFrame:

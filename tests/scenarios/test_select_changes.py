@@ -10,7 +10,7 @@ from pyspark.logger import PySparkLogger
 
 from cdc_join import cli
 from cdc_join.config import load_config
-from cdc_join.errors import ConfigError
+from cdc_join.errors import ConfigError, ConfigErrors
 from cdc_join.events import EventWriter
 from cdc_join.pipeline import Pipeline
 from tests.support import make_pipeline, silver_rows
@@ -45,6 +45,13 @@ def test_a_select_naming_a_missing_column_fails_before_anything_is_written(tmp_p
     assert cli.main(["--storage", "delta-rs", "-q", "run", str(cfg.config_path)]) == 2
     err = capsys.readouterr().err
     assert "pipeline.yml: select.value" in err and "Traceback" not in err
+    # Every expression the sources cannot compute is reported in one go.
+    worse = _with_select(pipeline, {"key": "lhs.id", "value": "rhs.phone", "total": "lhs.amount + 1"})
+    with pytest.raises(ConfigErrors) as many:
+        worse.run()
+    assert [p.key for p in many.value.problems] == ["select.value", "select.total"]
+    assert str(many.value).startswith(f"{cfg.config_path}: 2 problems:")
+    assert {p: storage.version(p) for p in versions} == versions
     # PySpark logs the caught analysis error as JSON with its Java stack trace, on a handler of
     # its own that capsys may not see: the CLI turns that logger off unless --debug is given.
     assert not PySparkLogger.getLogger("SQLQueryContextLogger").isEnabledFor(logging.ERROR)
@@ -178,3 +185,33 @@ def test_a_foreign_key_naming_a_column_the_left_source_lacks_fails_before_anythi
     with pytest.raises(ConfigError, match=r"joins\[0\]\.foreign_key: 'lhs' has no column 'fkk'"):
         bad.run()
     assert {p: storage.version(p) for p in versions} == versions
+
+
+def test_full_refresh_and_verify_repair_apply_a_changed_select(tmp_path, spark, storage):
+    pipeline, _ = _started(tmp_path, spark, storage)
+    history = len(storage.history(pipeline.config.silver_path))
+    # A retyped column: verify reports silver as different (it was written for the old
+    # definition) instead of failing to compare, and --repair applies the new one.
+    retyped = _with_select(
+        pipeline, {"key": "lhs.id", "fk": "lhs.fk", "v": "cast(lhs.v AS string)", "value": "rhs.value"}
+    )
+    found = retyped.verify()
+    assert not found.ok
+    repaired = retyped.verify(repair=True)
+    assert repaired.ok and repaired.repaired
+    assert silver_rows(retyped, ["key", "v"]) == {("a", "0"), ("b", "1"), ("c", "2")}
+    # An added column, applied by a full refresh.
+    wider = _with_select(
+        retyped,
+        {
+            "key": "lhs.id",
+            "fk": "lhs.fk",
+            "v": "cast(lhs.v AS string)",
+            "value": "rhs.value",
+            "up": "upper(rhs.value)",
+        },
+    )
+    wider.full_refresh()
+    assert silver_rows(wider, ["key", "up"]) == {("a", "R1"), ("b", "R2"), ("c", "R1")}
+    assert wider.verify().ok
+    assert len(storage.history(wider.config.silver_path)) > history  # the same table, history kept
