@@ -101,11 +101,25 @@ class Pipeline:
         versions = ready.bronze_versions
         resolve.select_schema(store, cfg)  # a bad select fails here, before any state or silver write
         first_run = cfg.left not in previous.state_versions
-        if plan == REFRESH or (
-            first_run and plan != "incremental" and cost.rebuild_first(store, cfg, versions)
+        # A full refresh stopped after it rebuilt the left state re-hashed every left row (with
+        # bronze's current column types): the subscriptions it did not get to rebuild would
+        # make every response stale. Its rerun finishes it, whatever this run was asked for.
+        resumed = not first_run and state.rebuilt_since(
+            store, cfg.state_path(cfg.left), previous.state_versions[cfg.left], previous.run_id
+        )
+        if (
+            plan == REFRESH
+            or resumed
+            or (first_run and plan != "incremental" and cost.rebuild_first(store, cfg, versions))
         ):
             pinned, watermarks = state.rebuild_all(store, cfg, versions, run_id, report.step)
-            reason = "full refresh" if plan == REFRESH else f"first run of {cost.RECOMPUTE_MIN_ROWS}+ rows"
+            reason = (
+                "full refresh"
+                if plan == REFRESH
+                else "full refresh resumed (the last one stopped before it committed)"
+                if resumed
+                else f"first run of {cost.RECOMPUTE_MIN_ROWS}+ rows"
+            )
             report.steps["plan"] = {"decision": "recompute", "reason": f"{reason}: state rebuilt from bronze"}
             self._recompute(pinned, report, begin)
             return Checkpoint(run_id, versions, pinned, watermarks, silver.definition(cfg))

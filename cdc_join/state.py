@@ -570,6 +570,25 @@ def _truncated_value(field: StructField, key: list[str], run_id: int) -> Column:
     return F.lit(None).cast(field.dataType)
 
 
+def rebuilt_since(storage: Storage, path: str, version: int, run_id: int) -> bool:
+    """Whether the state table was rebuilt after the last completed run (``run_id``, which
+    left it at ``version``): a full refresh stopped before it committed.
+
+    Then the table moved on and none of its rows is from a completed run (``_cdc_run`` ≤
+    ``run_id``); appends of a stopped incremental run keep the older rows, and compaction keeps
+    every row's run. Reads file statistics only, unless the table moved and they lack the run.
+    """
+    if not storage.exists(path) or storage.version(path) == version:
+        return False
+    lows = [f.min_values.get(RUN) for f in storage.files(path) if f.num_records != 0]
+    if not lows:
+        return False
+    if all(isinstance(low, int) for low in lows):
+        return min(lows) > run_id
+    oldest = storage.read(path).agg(F.min(RUN).alias("low")).first()
+    return oldest is not None and oldest["low"] is not None and oldest["low"] > run_id
+
+
 def read_current(
     storage: Storage,
     path: str,

@@ -442,3 +442,31 @@ def test_verify_compares_map_columns_by_their_entries(tmp_path, spark, storage):
     silver = pipeline.config.silver_path
     storage.delete(silver, "key = 'a'")
     assert pipeline.verify().missing == 1
+
+
+def test_a_killed_full_refresh_that_rehashed_the_left_rows_is_finished_by_the_next_run(
+    tmp_path, spark, storage
+):
+    # A full refresh rebuilds the left state from bronze, hashing every row with the column
+    # types bronze has now: after v widened from int to double, k's value 1 is hashed as "1.0",
+    # not "1". Killed before it rebuilt the subscriptions, the refresh leaves k subscribed with
+    # the old hash; unless the next run finishes the refresh, every later change of k's right
+    # row is dropped as a response to a stale subscription.
+    tables = {"lhs": {"id": "string", "fk": "int64", "v": "int32"}, "rhs": {"id": "int64", "value": "string"}}
+    pipeline, w = make_pipeline(tmp_path, spark, storage, tables=tables, join_type="left")
+    w.write("rhs", [w.upsert("rhs", {"id": 1, "value": "one"}, 1)])
+    w.write("lhs", [w.upsert("lhs", {"id": "k", "fk": 1, "v": 1}, 2)])
+    pipeline.run()
+    w.tables["lhs"]["v"] = "double"
+    w.write("lhs", [w.upsert("lhs", {"id": "m", "fk": 1, "v": 2.5}, 3)])
+    pipeline.run()
+    with pytest.raises(SimulatedCrash):
+        pipeline.full_refresh(crash_after="state:lhs")
+    resumed = pipeline.run()
+    assert resumed.steps["plan"]["decision"] == "recompute"
+    assert "full refresh" in resumed.steps["plan"]["reason"]
+    w.write("rhs", [w.upsert("rhs", {"id": 1, "value": "uno"}, 4)])
+    report = pipeline.run()
+    assert report.steps["resolve"]["stale_dropped"] == 0
+    assert silver_rows(pipeline) == {("k", 1, 1.0, "uno"), ("m", 1, 2.5, "uno")}
+    assert pipeline.verify().ok
