@@ -25,7 +25,9 @@ class ConfigError(CdcJoinError):
         path: the config file.
     """
 
-    def __init__(self, message: str, *, key: str | None = None, path: object = None) -> None:
+    def __init__(
+        self, message: str, *, key: str | None = None, path: object = None, hint: str | None = None
+    ) -> None:
         self.message = message
         self.key = key
         self.path = path
@@ -34,7 +36,7 @@ class ConfigError(CdcJoinError):
             where.append(str(path))
         if key:
             where.append(key)
-        super().__init__(f"{': '.join(where)}: {message}" if where else message)
+        super().__init__(f"{': '.join(where)}: {message}" if where else message, hint=hint)
 
 
 class ConfigErrors(ConfigError):

@@ -37,6 +37,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import hashlib
+import json
 import logging
 import os
 import re
@@ -63,7 +64,7 @@ from cdc_join.changeset import ChangeSet, arrow_schema, empty, from_arrow, mater
 from cdc_join.config import PipelineConfig
 from cdc_join.debezium import QUARANTINE_SCHEMA, ParsedBatch, parse_events
 from cdc_join.debezium.sql import lit
-from cdc_join.errors import InputError
+from cdc_join.errors import ConfigError, InputError
 from cdc_join.storage.base import MergeSpec, Storage
 
 STEPS = ("bronze", "quarantine", "log")
@@ -344,9 +345,19 @@ def _parse(
     files: Sequence[LandedFile],
     ingested_at: datetime,
 ) -> _Outcome:
-    known = _known_row(storage, config.bronze_path(source_name))
-    # Cached once parsed: the statistics job and the outcome's job then parse each line once.
-    parsed = parse_events(read_lines(spark, files), config.sources[source_name], known, cache=True)
+    bronze = config.bronze_path(source_name)
+    known = _known_row(storage, bronze)
+    try:
+        # Cached once parsed: the statistics job and the outcome's job then parse each line once.
+        parsed = parse_events(
+            read_lines(spark, files),
+            config.sources[source_name],
+            known,
+            cache=True,
+            recorded=recorded_sequence(storage, bronze) if known is not None else None,
+        )
+    except ConfigError as e:
+        raise ConfigError(e.message, key=e.key, path=config.config_path, hint=e.hint) from None
     try:
         return _Outcome.of(parsed, source_name, ingested_at)
     finally:
@@ -640,6 +651,20 @@ def _utc(value: datetime) -> datetime:
 
 def _epoch_ms(value: datetime) -> int:
     return round(_utc(value).timestamp() * 1000)
+
+
+def recorded_sequence(storage: Storage, bronze_path: str) -> tuple[str, ...] | None:
+    """The sequence fields bronze's events were ordered by (the names in ``_seq_values`` of one
+    of its rows), or ``None`` when it has no such row. Reads one column of its smallest file."""
+    if "_seq_values" not in storage.schema(bronze_path).names:
+        return None
+    files = [f for f in storage.files(bronze_path) if f.num_records != 0]
+    if not files:
+        return None
+    smallest = min(files, key=lambda f: f.size_bytes)
+    values = storage.read_arrow(bronze_path, columns=["_seq_values"], files=[smallest.path]).column(0)
+    text = next((v for v in values.to_pylist() if v), None)
+    return tuple(json.loads(text)) if text else None
 
 
 def _known_row(storage: Storage, bronze_path: str) -> StructType | None:

@@ -90,7 +90,12 @@ class ParsedBatch:
 
 
 def parse_events(
-    lines: DataFrame, source: SourceConfig, known: StructType | None = None, *, cache: bool = False
+    lines: DataFrame,
+    source: SourceConfig,
+    known: StructType | None = None,
+    *,
+    cache: bool = False,
+    recorded: tuple[str, ...] | None = None,
 ) -> ParsedBatch:
     """Parse a batch of landing lines into change events and quarantined lines.
 
@@ -105,6 +110,8 @@ def parse_events(
         cache: keep the lines parsed as JSON in Spark's cache, so the statistics job and the
             job that reads the outputs parse each line once; :meth:`ParsedBatch.unpersist`
             releases them.
+        recorded: the sequence fields bronze's events were ordered by, if it has any (see
+            :func:`~cdc_join.debezium.sequence.sequence_rule`).
 
     Returns:
         The events, quarantine and tombstones of the batch, and the row type used.
@@ -112,6 +119,7 @@ def parse_events(
     Raises:
         InputError: the batch has events but none has any of the sequence fields, or it mixes
             connectors while the source config names none.
+        ConfigError: the source's configured sequence rule is not ``recorded``.
     """
     if known is not None and "_after" in known.names and isinstance(known["_after"].dataType, StructType):
         known = known["_after"].dataType  # a whole bronze schema was passed: take its row type
@@ -120,7 +128,7 @@ def parse_events(
         staged = staged.persist()
     try:
         stats = _batch_stats(staged, source.sequence_by)
-        rule = sequence_rule(source, stats.connectors)
+        rule = sequence_rule(source, stats.connectors, recorded)
         require_sequence(source, rule, stats.events, stats.present)
     except BaseException:
         if cache:

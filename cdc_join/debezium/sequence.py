@@ -26,7 +26,7 @@ from pyspark.sql import DataFrame
 
 from cdc_join.config import SourceConfig
 from cdc_join.debezium.sql import Names, absent, as_type, get, json_text, kind, lit, present, steps
-from cdc_join.errors import InputError
+from cdc_join.errors import ConfigError, InputError
 
 SEQ_SEPARATOR = "\u0001"
 SEQ_ARRAY_SEPARATOR = "\u0002"
@@ -54,8 +54,15 @@ DEFAULT_FIELDS = {
 }
 
 
-def sequence_rule(source: SourceConfig, detected: Iterable[str] = ()) -> SequenceRule:
+def sequence_rule(
+    source: SourceConfig, detected: Iterable[str] = (), recorded: tuple[str, ...] | None = None
+) -> SequenceRule:
     """Decide, once per source and batch, which fields order its events.
+
+    Sequence values of different rules do not compare, so a source keeps the rule its bronze
+    events were ordered by (``recorded``, their fields): when the config names no rule, the
+    recorded one goes on, whatever connector a batch names; a config whose rule differs from
+    it is a :class:`~cdc_join.errors.ConfigError`.
 
     ``sequence_by`` from the config wins. Otherwise the connector (``SourceConfig.connector``,
     else the one the events name in ``source.connector`` or in their ``source`` schema) picks:
@@ -76,7 +83,30 @@ def sequence_rule(source: SourceConfig, detected: Iterable[str] = ()) -> Sequenc
 
     Raises:
         InputError: the batch names several connectors and the config names none.
+        ConfigError: the config's rule is not the one bronze's events were ordered by.
     """
+    if source.sequence_by or source.connector or recorded is None:
+        rule = _rule(source, detected)
+    else:
+        return _recorded_rule(recorded)
+    if recorded is not None and rule.fields != recorded:
+        key = f"sources.{source.name}.{'sequence_by' if source.sequence_by else 'connector'}"
+        raise ConfigError(
+            f"orders events by ({', '.join(rule.fields)}), but the events already in bronze were ordered "
+            f"by ({', '.join(recorded)}) when they were ingested, and values of the two do not compare",
+            key=key,
+            hint="put the earlier rule back; to change it, ingest every landing file again into a new lake",
+        )
+    return rule
+
+
+def _recorded_rule(fields: tuple[str, ...]) -> SequenceRule:
+    """The rule whose fields bronze's events record (a connector's default, or configured)."""
+    name = next((c or "timestamp" for c, f in DEFAULT_FIELDS.items() if f == fields), "configured")
+    return SequenceRule(name, fields)
+
+
+def _rule(source: SourceConfig, detected: Iterable[str]) -> SequenceRule:
     if source.sequence_by:
         return SequenceRule("configured", tuple(source.sequence_by))
     names = set(detected)

@@ -16,7 +16,7 @@ from pyspark.sql import functions as F
 
 from cdc_join import cli
 from cdc_join.config import load_config
-from cdc_join.errors import SourceNotReadyError
+from cdc_join.errors import ConfigError, SourceNotReadyError
 from cdc_join.pipeline import Pipeline
 from cdc_join.report import SimulatedCrash
 from cdc_join.tables import RUN
@@ -470,3 +470,36 @@ def test_a_killed_full_refresh_that_rehashed_the_left_rows_is_finished_by_the_ne
     assert report.steps["resolve"]["stale_dropped"] == 0
     assert silver_rows(pipeline) == {("k", 1, 1.0, "uno"), ("m", 1, 2.5, "uno")}
     assert pipeline.verify().ok
+
+
+def test_a_source_keeps_the_sequence_rule_its_bronze_events_were_ordered_by(tmp_path, spark, storage):
+    # Sequence values are encoded at ingest by the source's rule; values of two rules do not
+    # compare (a 20-digit ts_ms would outrank every later lsn), so the rule cannot change under
+    # events already in bronze.
+    pipeline, w = make_pipeline(tmp_path, spark, storage, join_type="left")
+    w.write("rhs", [w.upsert("rhs", {"id": 1, "value": "one"}, 1)])
+    w.write("lhs", [w.upsert("lhs", {"id": "k", "fk": 1, "v": 1}, 2)])
+    pipeline.run()
+    path = pipeline.config.config_path
+    spec = yaml.safe_load(path.read_text())
+    spec["sources"]["lhs"]["sequence_by"] = ["source.ts_ms"]
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    changed = Pipeline(load_config(path), spark, storage)
+    w.write("lhs", [w.upsert("lhs", {"id": "k", "fk": 1, "v": 2}, 3)])
+    bronze = storage.version(changed.config.bronze_path("lhs"))
+    with pytest.raises(
+        ConfigError, match=r"sources\.lhs\.sequence_by: orders events by \(source\.ts_ms\)"
+    ) as e:
+        changed.run()
+    assert "ordered by (source.lsn)" in str(e.value) and str(path) in str(e.value)
+    assert storage.version(changed.config.bronze_path("lhs")) == bronze
+    # Without a rule in the config, the one bronze's events have goes on (these events name the
+    # postgresql connector, whose default would be another rule).
+    del spec["sources"]["lhs"]["sequence_by"]
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    default = Pipeline(load_config(path), spark, storage)
+    default.run()
+    w.write("lhs", [w.upsert("lhs", {"id": "k", "fk": 1, "v": 3}, 4)])
+    default.run()
+    assert silver_rows(default) == {("k", 1, 3, "one")}
+    assert default.verify().ok
