@@ -158,8 +158,10 @@ class PipelineConfig:
 
     @property
     def lock_path(self) -> str | None:
-        """A local lock file, or None where tables live in a metastore or an object store."""
-        if self.tables or _is_uri(self.lake):
+        """A local lock file, or None where tables live in a metastore, an object store or a
+        FUSE mount of one (Databricks' ``/Volumes``, ``/dbfs``), where creating a file is not
+        atomic and a lock left by a lost cluster could not be told from a live one."""
+        if self.tables or _is_uri(self.lake) or self.lake.startswith(_SHARED_MOUNTS):
             return None
         return _join(self.lake, "_cdc_join", self.name, "_lock")
 
@@ -181,6 +183,9 @@ class PipelineConfig:
 
 def _join(root: str, *parts: str) -> str:
     return "/".join([root.rstrip("/"), *parts])
+
+
+_SHARED_MOUNTS = ("/Volumes/", "/dbfs/", "/Workspace/")
 
 
 def _is_uri(text: str) -> bool:

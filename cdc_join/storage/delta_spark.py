@@ -76,6 +76,7 @@ import logging
 import os
 import re
 import threading
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -159,16 +160,53 @@ def _spark_exception_types() -> tuple[type[BaseException], ...]:
     return tuple(types)
 
 
+#: Delta's commit-conflict exceptions (``delta.exceptions``), by class name: another writer
+#: committed something this transaction's reads or writes depend on.
+_CONFLICTS = frozenset(
+    {
+        "DeltaConcurrentModificationException",
+        "ConcurrentWriteException",
+        "MetadataChangedException",
+        "ProtocolChangedException",
+        "ConcurrentAppendException",
+        "ConcurrentDeleteReadException",
+        "ConcurrentDeleteDeleteException",
+        "ConcurrentTransactionException",
+    }
+)
+_CONFLICT_TEXT = re.compile(
+    r"\b(DELTA_CONCURRENT_\w+|DELTA_METADATA_CHANGED|DELTA_PROTOCOL_CHANGED)\b|"
+    + "|".join(sorted(_CONFLICTS))
+)
+
+
+#: The idempotent-write app id of appends that must find the table at an expected version.
+_GUARDED_APPEND = "cdc_join.expected_version"
+
+
+def is_conflict(exc: BaseException) -> bool:
+    """Whether ``exc`` is Delta refusing a commit because another writer committed first (by
+    class, or, over Spark Connect and py4j where the class may not come through, by name)."""
+    if any(c.__name__ in _CONFLICTS for c in type(exc).__mro__):
+        return True
+    return bool(_CONFLICT_TEXT.search(str(exc)[:2000]))
+
+
 @contextmanager
 def _spark_errors(action: str, path: str) -> Iterator[None]:
-    """Re-raise Spark/Delta failures as :class:`StorageError` naming the action and the table."""
+    """Re-raise Spark/Delta failures as :class:`StorageError` naming the action and the table;
+    a commit conflict as :class:`ConcurrentRunError` (another run wrote the table first)."""
     try:
         yield
-    except StorageError:
+    except (StorageError, ConcurrentRunError):
         raise
     except _spark_exception_types() as exc:
         text = str(exc).strip()
         first = text.splitlines()[0] if text else type(exc).__name__
+        if is_conflict(exc):
+            raise ConcurrentRunError(
+                f"could not {action} the Delta table at {path}: another writer committed first ({first})"
+            ) from exc
         raise StorageError(f"Delta (Spark) could not {action} the Delta table at {path}: {first}") from exc
 
 
@@ -1089,9 +1127,41 @@ class DeltaSparkStorage:
         writer = df.write.format("delta").mode(mode)
         if option is not None:
             writer = writer.option(*option)
+        token = None
+        if expected_version is not None and mode == "append":
+            # Delta never fails a blind append on a conflict, so two writers that both passed the
+            # version check would both commit. As an idempotent write of transaction
+            # (app id, expected version + 1), the second one fails (ConcurrentTransactionException)
+            # or is skipped; the commit's user metadata tells which writer made that version.
+            token = f"cdc_join:{uuid.uuid4()}"
+            writer = (
+                writer.option("txnAppId", _GUARDED_APPEND)
+                .option("txnVersion", str(expected_version + 1))
+                .option("userMetadata", token)
+            )
         with _spark_errors("append to" if mode == "append" else mode, path):
             self._save(writer, path)
+        if token is not None and self._user_metadata(path, expected_version + 1) != token:
+            raise ConcurrentRunError(
+                f"the Delta table at {path} moved past version {expected_version}: another writer "
+                "committed to it first"
+            )
         return self._metrics_after(path, before, metrics)
+
+    def _user_metadata(self, path: str, version: int) -> str | None:
+        """The user metadata of commit ``version`` (``None`` when there is no such commit)."""
+        with _spark_errors("read the history of", path):
+            table = self._delta_table(path)
+            # Version `version` is among the last few commits unless many writers followed it.
+            found = next(
+                (
+                    r
+                    for history in (table.history(10), table.history())
+                    for r in history.filter(F.col("version") == version).select("userMetadata").collect()
+                ),
+                None,
+            )
+        return None if found is None else found["userMetadata"]
 
     def merge(
         self, path: str, source: DataFrame, spec: MergeSpec, *, expected_version: int | None = None

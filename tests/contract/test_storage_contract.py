@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import threading
 import uuid
 from datetime import date, datetime, timedelta, timezone
 from decimal import Decimal
@@ -32,7 +33,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from cdc_join.errors import StorageError
+from cdc_join.errors import ConcurrentRunError, StorageError
 from cdc_join.storage import MergeSpec, Storage, delta_rs, get_storage
 from cdc_join.storage.base import FileStats
 from cdc_join.storage.pruning import read_keyed
@@ -103,6 +104,77 @@ def test_create_is_create_if_absent(store, spark, tmp_path):
         ("seq", LongType(), True),
         ("v", StringType(), True),
     ]
+
+
+def test_a_write_expecting_a_version_fails_once_another_writer_moved_the_table(store, spark, tmp_path):
+    path = str(tmp_path / "t")
+    kv_table(store, spark, path, [(1, 1, "a")])
+    seen = store.version(path)
+    store.append(path, spark.createDataFrame([(2, 1, "b")], KV_DDL), expected_version=seen)  # the winner
+    late = spark.createDataFrame([(3, 1, "c")], KV_DDL)
+    for write in (
+        lambda: store.append(path, late, expected_version=seen),
+        lambda: store.overwrite(path, late, expected_version=seen),
+        lambda: store.merge(path, late, MergeSpec(on="t.id = s.id"), expected_version=seen),
+    ):
+        with pytest.raises(ConcurrentRunError):
+            write()
+    assert sorted(r["id"] for r in rows(store.read(path))) == [1, 2]
+    assert store.version(path) == seen + 1
+
+
+def test_racing_appends_expecting_one_version_commit_once(store, spark, tmp_path):
+    # Both writers pass the version check before either commits (as two runs committing their
+    # checkpoint at the same moment): the commit itself must refuse the second.
+    path = str(tmp_path / "t")
+    kv_table(store, spark, path, [(1, 1, "a")])
+    seen = store.version(path)
+    # Where each backend checks the version before it writes: delta-rs opens the table at it,
+    # delta-spark compares it with the latest.
+    name = "_load_for_write" if isinstance(store, delta_rs.DeltaRsStorage) else "_check_version"
+    check = getattr(type(store), name)
+    start = threading.Barrier(2, timeout=60)
+
+    def checked_then_wait(self, *args, **kwargs):
+        found = check(self, *args, **kwargs)
+        start.wait()
+        return found
+
+    outcomes: list[str] = []
+
+    def write(n: int) -> None:
+        try:
+            store.append(path, spark.createDataFrame([(10 + n, 1, "x")], KV_DDL), expected_version=seen)
+            outcomes.append("committed")
+        except ConcurrentRunError:
+            outcomes.append("lost")
+
+    threads = [threading.Thread(target=write, args=(n,), name=f"writer{n}") for n in range(2)]
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(type(store), name, checked_then_wait)
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert sorted(outcomes) == ["committed", "lost"]
+    assert len(rows(store.read(path))) == 2
+
+
+def test_delta_spark_tells_commit_conflicts_from_other_failures():
+    from delta.exceptions.base import ConcurrentAppendException, ConcurrentTransactionException
+
+    from cdc_join.storage.delta_spark import _spark_errors, is_conflict
+
+    assert is_conflict(ConcurrentAppendException("Files were added by a concurrent update."))
+    assert is_conflict(ConcurrentTransactionException("This error occurs when multiple queries..."))
+    # Over Spark Connect the class may not come through; Delta's error class does.
+    assert is_conflict(RuntimeError("[DELTA_CONCURRENT_APPEND] Transaction conflict detected."))
+    assert not is_conflict(RuntimeError("[DELTA_TABLE_NOT_FOUND] Delta table `t` doesn't exist."))
+    with (
+        pytest.raises(ConcurrentRunError, match="another writer committed first"),
+        _spark_errors("append to", "/lake/t"),
+    ):
+        raise ConcurrentAppendException("Files were added by a concurrent update.")
 
 
 def test_create_accepts_file_uri_and_properties(store, spark, tmp_path):

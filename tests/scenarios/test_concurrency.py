@@ -1,9 +1,10 @@
 """Two runs of one pipeline racing, with no lock file to keep them apart (as on an object store):
 the checkpoint commit and silver's expected version are the guards. Each round, both runs start
-together (an incremental run against another incremental run in even rounds, against a full
-refresh in odd ones); every run either commits or stops with ConcurrentRunError, run ids never
-repeat, and silver always equals the join of the current rows. ``CDC_JOIN_RACE_ROUNDS`` rounds
-(default 2, one of each kind; CI runs 50)."""
+together (an incremental run against another one, against a full refresh, or against another
+one with nothing new to do); every run either commits or stops with ConcurrentRunError, run ids never
+repeat, and silver always equals the join of the current rows. Both runs read where they start
+before either goes on, so their work overlaps and exactly one of them commits.
+``CDC_JOIN_RACE_ROUNDS`` rounds (default 3, one of each kind; CI runs 50)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ import os
 import threading
 from collections.abc import Callable
 
+from cdc_join import runlog
 from cdc_join.errors import ConcurrentRunError
 from cdc_join.pipeline import Pipeline
 from tests.support import make_pipeline, silver_rows
 
-ROUNDS = int(os.environ.get("CDC_JOIN_RACE_ROUNDS", "2"))
+ROUNDS = int(os.environ.get("CDC_JOIN_RACE_ROUNDS", "3"))
 
 
 def _race(run: Callable[[], object], start: threading.Barrier, results: list[str]) -> None:
@@ -28,7 +30,22 @@ def _race(run: Callable[[], object], start: threading.Barrier, results: list[str
         results.append("lost")
 
 
-def test_racing_runs_never_corrupt_silver_and_never_both_commit_the_same_run(tmp_path, spark, storage):
+def _both_started(start: threading.Barrier) -> Callable[..., runlog.RunStart]:
+    """``runlog.start`` that returns only once both racing runs have read where they start:
+    their work then overlaps for sure, so exactly one of them may commit."""
+    read = runlog.start
+
+    def started(*args: object, **kwargs: object) -> runlog.RunStart:
+        found = read(*args, **kwargs)  # type: ignore[arg-type]
+        start.wait()
+        return found
+
+    return started
+
+
+def test_racing_runs_never_corrupt_silver_and_never_both_commit_the_same_run(
+    tmp_path, spark, storage, monkeypatch
+):
     base, w = make_pipeline(tmp_path, spark, storage, join_type="left")
     # A URI lake has no lock file (object stores), so nothing but the commits keeps runs apart.
     config = dataclasses.replace(base.config, lake="file://" + str(tmp_path / "lake"))
@@ -37,25 +54,31 @@ def test_racing_runs_never_corrupt_silver_and_never_both_commit_the_same_run(tmp
     w.write("rhs", [w.upsert("rhs", {"id": i, "value": f"r{i}"}, i) for i in (1, 2)])
     runners[0].run()
     outcomes: list[str] = []
+    # Rounds cycle through: two runs with new events; a run and a full refresh with new events;
+    # two runs with none (no silver write: the run log's commit alone keeps them apart).
+    changed = [n for n in range(ROUNDS) if n % 3 != 2]
     for n in range(ROUNDS):
-        w.write("lhs", [w.upsert("lhs", {"id": f"k{n % 3}", "fk": 1 + n % 2, "v": n}, 100 + n)])
-        w.write("rhs", [w.upsert("rhs", {"id": 1 + n % 2, "value": f"r{n}"}, 200 + n)])
-        start = threading.Barrier(2)
+        if n in changed:
+            w.write("lhs", [w.upsert("lhs", {"id": f"k{n % 3}", "fk": 1 + n % 2, "v": n}, 100 + n)])
+            w.write("rhs", [w.upsert("rhs", {"id": 1 + n % 2, "value": f"r{n}"}, 200 + n)])
+        start = threading.Barrier(2, timeout=120)
         results: list[str] = []
-        second = runners[1].full_refresh if n % 2 else runners[1].run
+        second = runners[1].full_refresh if n % 3 == 1 else runners[1].run
         threads = [threading.Thread(target=_race, args=(r, start, results)) for r in (runners[0].run, second)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert sorted(results) in (["committed", "lost"], ["committed", "committed"]), results
+        with monkeypatch.context() as patched:
+            patched.setattr(runlog, "start", _both_started(threading.Barrier(2, timeout=120)))
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        assert sorted(results) == ["committed", "lost"], f"round {n}: {results}"
         outcomes += results
         runners[0].run()  # whatever the race left, the next run completes the round
         runs = storage.read(config.runs_path).select("run_id").collect()
         ids = [r.run_id for r in runs]
         assert len(ids) == len(set(ids)), f"round {n}: a run id was committed twice"
         assert runners[0].verify().ok, f"round {n}"
-    values = {f"k{n % 3}": (1 + n % 2, n) for n in range(ROUNDS)}
-    rhs = {1 + n % 2: f"r{n}" for n in range(ROUNDS)}
+    values = {f"k{n % 3}": (1 + n % 2, n) for n in changed}
+    rhs = {1 + n % 2: f"r{n}" for n in changed}
     assert silver_rows(runners[0]) == {(k, fk, v, rhs.get(fk)) for k, (fk, v) in values.items()}
     print(f"{ROUNDS} rounds: {outcomes.count('committed')} commits, {outcomes.count('lost')} lost races")

@@ -179,6 +179,14 @@ def test_uri_lake_is_kept_as_is(project: Path, lake: str) -> None:
     assert cfg.internal_root == f"{root}/_cdc_join/orders_enriched"
 
 
+@pytest.mark.parametrize("lake", ["/Volumes/main/cdc/lake", "/dbfs/mnt/lake", "s3://bucket/lake"])
+def test_no_lock_file_where_creating_one_is_not_atomic(project: Path, lake: str) -> None:
+    # Object stores and their FUSE mounts: the checkpoint commit alone keeps runs apart there.
+    raw = _base()
+    raw["lake"] = lake
+    assert load_config(_write(project, raw)).lock_path is None
+
+
 def test_absolute_lake_path_is_kept_as_is(project: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     lake = str(tmp_path_factory.mktemp("abs_lake"))
     raw = _base()
