@@ -7,7 +7,7 @@ Exit codes, for schedulers:
   2  the configuration (pipeline YAML, options, CDC_JOIN_STORAGE) is invalid
   3  a data problem: events were quarantined or a type changed (see 'cdc-join quarantine'),
      or a source the join needs has no events yet
-  4  another run holds the pipeline (try again when it is done)
+  4  another run holds the pipeline, or committed first while this one worked (run again)
   5  a storage or internal error
 """
 

@@ -546,7 +546,22 @@ def _write_bronze(storage: Storage, path: str, source_name: str, outcome: _Outco
         # New columns (nested ones too) are added and widened types widen before the write: a
         # MERGE would otherwise cast values back to the old type or fail on them.
         storage.evolve(path, rows.schema)
-    storage.merge(path, rows, _BRONZE_MERGE)
+    names = sorted(set(outcome.events.table.column("_file").to_pylist()))
+    if _may_hold_any(storage, path, names):
+        # A killed run may have written these files' rows already: insert only the missing ones.
+        storage.merge(path, rows, _BRONZE_MERGE)
+    else:
+        storage.append(path, rows, merge_schema=True)
+
+
+def _may_hold_any(storage: Storage, path: str, names: Sequence[str]) -> bool:
+    """Whether a data file of the table may hold a row of one of the landing files ``names``
+    (sorted), by its ``_file`` statistics: almost always no for new files, whose rows can then
+    be appended without a MERGE looking for them."""
+    return any(
+        f.num_records != 0 and _may_hold(names, f.min_values.get("_file"), f.max_values.get("_file"))
+        for f in storage.files(path)
+    )
 
 
 def _append_log(

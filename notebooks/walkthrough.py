@@ -186,6 +186,6 @@ show(quality.select("run_id", "check", "column", "success", "severity", "observe
 # MAGIC %md
 # MAGIC ## Next
 # MAGIC
-# MAGIC * Point a pipeline YAML at your own Debezium landing folders (see `DESIGN.md` §4).
+# MAGIC * Point a pipeline YAML at your own Debezium landing folders (see "Pipeline config" in the README).
 # MAGIC * Deploy the scheduled jobs with the bundle: `databricks bundle deploy -t dev`, then
 # MAGIC   `databricks bundle run -t dev cdc_join_incremental` (see README.md, "Deploy to Databricks").

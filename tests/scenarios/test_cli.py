@@ -42,15 +42,14 @@ def _one_error(capsys) -> str:
     return lines[0]
 
 
-def test_run_full_refresh_verify_quarantine_succeed_with_0_and_json_is_one_document(landed, capsys):
+def test_run_succeeds_with_0_and_json_is_one_document(landed, capsys):
+    # Every command of the README succeeding with 0 is tests/docs/test_readme.py's.
     _, _, config = landed
     assert _cli("run", config, "--json") == 0
     report = json.loads(capsys.readouterr().out)
     assert report["steps"]["silver"]["inserted"] == 1
-    assert _cli("full-refresh", config, "-q") == 0
-    assert _cli("verify", config, "-q") == 0
-    assert _cli("quarantine", config) == 0
-    assert "no quarantined lines" in capsys.readouterr().out
+    assert _cli("verify", config, "--json") == 0
+    assert json.loads(capsys.readouterr().out)["ok"] is True
 
 
 def test_verify_finding_a_difference_exits_1(landed, storage, capsys):
@@ -118,3 +117,54 @@ def test_a_changed_landing_file_exits_3_and_says_to_move_it_out(landed, capsys):
     assert "move the changed file out of the landing folder" in capsys.readouterr().err
     assert _cli("check", config, "--run-id", "99") == 2  # an option naming no run
     assert "--run-id: run 99 is not in the run log" in _one_error(capsys)
+
+
+def test_what_each_verbosity_prints(landed, capsys):
+    _, w, config = landed
+    with pytest.raises(SystemExit) as done:
+        _cli("--version")
+    assert done.value.code == 0
+    assert capsys.readouterr().out.strip() == f"cdc-join {cli.__version__}"
+
+    # Default: progress lines, then the report in users' words, KIP-213 counts left out.
+    assert _cli("run", config) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("  ingest lhs: 1 new file(s)") for line in out)
+    report = out[out.index(next(line for line in out if line.startswith("cdc_join run 1: "))) :]
+    assert report[1] == "  silver     1 inserted, 0 updated, 0 deleted"
+    assert report[2].startswith("  events     ")
+    assert report[3].startswith("  seconds    ")
+    assert not any("instructions" in line for line in out)
+
+    # -q: the report only, no progress; -v: every count of every step as well.
+    w.write("lhs", [w.upsert("lhs", {"id": "b", "fk": 1, "v": 1}, 3)])
+    assert _cli("-q", "run", config) == 0
+    quiet = capsys.readouterr().out.splitlines()
+    assert quiet[0].startswith("cdc_join run 2: incremental (")
+    assert not any("ingest lhs:" in line for line in quiet)
+    w.write("lhs", [w.upsert("lhs", {"id": "c", "fk": 1, "v": 2}, 4)])
+    assert _cli("-v", "-q", "run", config) == 0
+    verbose = capsys.readouterr().out
+    assert "instructions=" in verbose and "subscription:rhs" in verbose
+
+    # --debug: the stack trace of a failure as well as the one line.
+    blocked = Path(config).parent / "not_a_folder"
+    blocked.write_text("a file where the lake should be")
+    assert _cli("--debug", "--lake", str(blocked), "run", config) == 5
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "cdc-join: error: " in err
+
+
+def test_quarantine_lists_file_line_reason_and_raw_text_up_to_the_limit(landed, capsys):
+    _, w, config = landed
+    _edit(config, lambda spec: spec.update(on_quarantine="warn"))
+    w.write("lhs", ["not json", '{"op": "c"}', "also not json"], name="bad.jsonl")
+    assert _cli("-q", "run", config) == 0
+    capsys.readouterr()
+    assert _cli("quarantine", config, "--source", "lhs", "--limit", "2") == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 4  # two lines, each with its raw text below
+    assert out[0].startswith("lhs bad.jsonl:") and out[1].startswith("    ")
+    assert {out[1].strip(), out[3].strip()} <= {"not json", '{"op": "c"}', "also not json"}
+    assert _cli("quarantine", config, "--source", "rhs") == 0
+    assert capsys.readouterr().out.strip() == "no quarantined lines"
