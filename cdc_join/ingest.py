@@ -546,22 +546,7 @@ def _write_bronze(storage: Storage, path: str, source_name: str, outcome: _Outco
         # New columns (nested ones too) are added and widened types widen before the write: a
         # MERGE would otherwise cast values back to the old type or fail on them.
         storage.evolve(path, rows.schema)
-    names = sorted(set(outcome.events.table.column("_file").to_pylist()))
-    if _may_hold_any(storage, path, names):
-        # A killed run may have written these files' rows already: insert only the missing ones.
-        storage.merge(path, rows, _BRONZE_MERGE)
-    else:
-        storage.append(path, rows, merge_schema=True)
-
-
-def _may_hold_any(storage: Storage, path: str, names: Sequence[str]) -> bool:
-    """Whether a data file of the table may hold a row of one of the landing files ``names``
-    (sorted), by its ``_file`` statistics: almost always no for new files, whose rows can then
-    be appended without a MERGE looking for them."""
-    return any(
-        f.num_records != 0 and _may_hold(names, f.min_values.get("_file"), f.max_values.get("_file"))
-        for f in storage.files(path)
-    )
+    storage.merge(path, rows, _BRONZE_MERGE)
 
 
 def _append_log(
@@ -616,6 +601,32 @@ def _listing_since(storage: Storage, config: PipelineConfig) -> datetime | None:
     if not isinstance(latest, datetime):
         return None
     return _utc(latest) - timedelta(hours=hours)
+
+
+def beyond_lookback(spark: SparkSession, storage: Storage, config: PipelineConfig) -> dict[str, list[str]]:
+    """Per source, the landing files no run will ingest: not in the ingest log, and modified
+    before ``landing_lookback_hours`` lets a run look (a file copied in with an old time).
+
+    Lists every landing file (what the lookback spares a run); empty without a lookback.
+    """
+    since = _listing_since(storage, config)
+    if since is None:
+        return {}
+    cutoff = since.timestamp() * 1000
+    out = {}
+    for name, source in config.sources.items():
+        if source.landing is None:
+            continue
+        old = [
+            f
+            for f in list_landing(spark, source.landing)
+            if f.modified_ms is not None and f.modified_ms < cutoff
+        ]
+        logged = _logged(storage, config, {name: old}).get(name, {})
+        missing = [f.name for f in old if f.name not in logged]
+        if missing:
+            out[name] = missing
+    return out
 
 
 def _logged(

@@ -27,6 +27,7 @@ from pyspark.sql.types import ArrayType, DataType, MapType, StructType
 
 from cdc_join import lookup, resolve, runlog, state, subscription
 from cdc_join.config import PipelineConfig
+from cdc_join.ingest import beyond_lookback
 from cdc_join.runlog import Checkpoint
 from cdc_join.schemas import quoted, widens_to
 from cdc_join.storage import Storage
@@ -65,6 +66,8 @@ class VerifyReport:
     subscription_differences: Mapping[str, int] = field(default_factory=dict)
     source: str = "bronze"
     repaired: bool = False
+    unlisted: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """Per source, landing files no run will ingest (older than ``landing_lookback_hours``)."""
 
     @property
     def silver_ok(self) -> bool:
@@ -73,7 +76,7 @@ class VerifyReport:
     @property
     def ok(self) -> bool:
         internal = [*self.state_differences.values(), *self.subscription_differences.values()]
-        return self.silver_ok and not any(internal)
+        return self.silver_ok and not any(internal) and not self.unlisted
 
     def summary(self) -> str:
         if self.ok:
@@ -82,7 +85,11 @@ class VerifyReport:
             head = (
                 f"silver DIFFERS from a full recompute (from {self.source})"
                 if not self.silver_ok
-                else ("silver matches, but internal tables DIFFER from bronze (the next runs would go wrong)")
+                else (
+                    "silver matches, but internal tables DIFFER from bronze (the next runs would go wrong)"
+                    if not self.unlisted
+                    else "silver matches bronze, but landing files are left out"
+                )
             )
         lines = [
             f"{head}: expected {self.expected_rows} rows, silver has {self.silver_rows}; "
@@ -96,6 +103,12 @@ class VerifyReport:
         for alias, count in self.subscription_differences.items():
             if count:
                 lines.append(f"  subscriptions of {alias}: {count} live left rows lack their subscription")
+        for name, files in self.unlisted.items():
+            shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+            lines.append(
+                f"  landing files of {name} no run will ingest: {len(files)} ({shown}), modified before "
+                "the lookback window; run once without landing_lookback_hours to take them in"
+            )
         lines += [f"  e.g. {s}" for s in self.samples]
         if self.repaired:
             lines.append("  repaired: a full refresh rebuilt state, subscriptions and silver")
@@ -249,6 +262,9 @@ def verify(
             _summed(counts, "subscription:", [j.alias for j in config.joins]) if internal else {}
         ),
         source=source,
+        unlisted={
+            name: tuple(files) for name, files in beyond_lookback(storage.spark, storage, config).items()
+        },
     )
 
 

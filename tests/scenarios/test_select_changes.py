@@ -190,6 +190,7 @@ def test_a_foreign_key_naming_a_column_the_left_source_lacks_fails_before_anythi
 def test_full_refresh_and_verify_repair_apply_a_changed_select(tmp_path, spark, storage):
     pipeline, _ = _started(tmp_path, spark, storage)
     history = len(storage.history(pipeline.config.silver_path))
+    first = storage.version(pipeline.config.silver_path)
     # A retyped column: verify reports silver as different (it was written for the old
     # definition) instead of failing to compare, and --repair applies the new one.
     retyped = _with_select(
@@ -215,3 +216,6 @@ def test_full_refresh_and_verify_repair_apply_a_changed_select(tmp_path, spark, 
     assert silver_rows(wider, ["key", "up"]) == {("a", "R1"), ("b", "R2"), ("c", "R1")}
     assert wider.verify().ok
     assert len(storage.history(wider.config.silver_path)) > history  # the same table, history kept
+    # Its change feed reads across the replaced schema: the first run's inserts are still there.
+    feed = storage.read_changes(wider.config.silver_path, first).filter("_change_type = 'insert'")
+    assert {r.key for r in feed.filter(f"_commit_version = {first}").collect()} == {"a", "b", "c"}

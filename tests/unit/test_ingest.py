@@ -11,7 +11,15 @@ from deltalake import DeltaTable
 
 from cdc_join.config import PipelineConfig, parse_config
 from cdc_join.debezium import EVENT_COLUMNS
-from cdc_join.ingest import STEPS, IngestReport, ingest_all, ingest_source, list_landing, read_lines
+from cdc_join.ingest import (
+    STEPS,
+    IngestReport,
+    beyond_lookback,
+    ingest_all,
+    ingest_source,
+    list_landing,
+    read_lines,
+)
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "debezium"
 CUSTOMERS = "mysql-inventory-customers.schema.jsonl"  # 10 events
@@ -293,7 +301,10 @@ def test_a_lookback_lists_only_files_modified_since_the_last_ingest(spark, stora
     land(config, "000.jsonl", event("c", {"id": 0}, 0) + "\n")
     os.utime(folder / "000.jsonl", (old, old))
     assert ingest_all(spark, storage, config)["customers"].files == 0
+    # Not silently: verify lists every landing file and names those no run will see.
+    assert beyond_lookback(spark, storage, config) == {"customers": ["000.jsonl"]}
     assert ingest_all(spark, storage, pipeline_again(config))["customers"].files == 1
+    assert beyond_lookback(spark, storage, config) == {}
 
 
 def pipeline_again(config: PipelineConfig) -> PipelineConfig:

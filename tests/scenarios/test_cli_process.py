@@ -1,0 +1,77 @@
+"""The CLI as a separate process, as a user or a scheduler starts it: what it checks before Spark
+starts, and that Spark's and the JVM's start-up output stays off the terminal."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import yaml
+
+from cdc_join.events import EventWriter
+
+_NO_SPARK = textwrap.dedent(
+    """
+    import sys
+    from cdc_join import cli
+    code = cli.main(sys.argv[1:])
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+    started = SparkContext._gateway is not None or SparkSession.getActiveSession() is not None
+    print("spark started" if started else "no spark", code)
+    """
+)
+
+
+def _python(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def _tiny(tmp_path) -> str:
+    tables = {"lhs": {"id": "string", "fk": "int64"}, "rhs": {"id": "int64", "value": "string"}}
+    w = EventWriter(tmp_path / "landing", tables)
+    w.write("rhs", [w.upsert("rhs", {"id": 1, "value": "one"}, 1)])
+    w.write("lhs", [w.upsert("lhs", {"id": "a", "fk": 1}, 2)])
+    spec = {
+        "name": "tiny",
+        "lake": "lake",
+        "sources": {t: {"landing": f"landing/{t}", "primary_key": ["id"]} for t in tables},
+        "left": "lhs",
+        "joins": [{"right": "rhs", "foreign_key": ["fk"]}],
+        "select": {"key": "lhs.id", "value": "rhs.value"},
+        "output": "out",
+    }
+    path = tmp_path / "pipeline.yml"
+    path.write_text(yaml.safe_dump(spec))
+    return str(path)
+
+
+def test_config_and_storage_errors_exit_2_before_spark_starts(tmp_path):
+    config = _tiny(tmp_path)
+    bad = tmp_path / "bad.yml"
+    bad.write_text(Path(config).read_text().replace("output: out", "output: no such"))
+    found = _python("-c", _NO_SPARK, "run", str(bad))
+    assert found.stdout.split() == ["no", "spark", "2"], found.stderr
+    assert "output: 'no such' is not a valid name" in found.stderr
+    found = _python("-c", _NO_SPARK, "run", config, env={"CDC_JOIN_STORAGE": "delta-lake"})
+    assert found.stdout.split() == ["no", "spark", "2"], found.stderr
+    assert "CDC_JOIN_STORAGE" in found.stderr
+
+
+def test_a_run_prints_its_report_and_nothing_of_spark_s_start_up(tmp_path):
+    config = _tiny(tmp_path)
+    done = _python(
+        "-m", "cdc_join.cli", "-q", "--storage", "delta-rs", "run", config, env={"PYTHONWARNINGS": "ignore"}
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("cdc_join run 1: ")
+    assert done.stderr == ""  # no log4j, NativeCodeLoader, SPARK_LOCAL_IP or JDK lines
