@@ -13,6 +13,7 @@ import yaml
 
 from cdc_join import cli
 from cdc_join.config import parse_config
+from tests.docs.test_examples import assert_expected_silver
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
@@ -47,6 +48,7 @@ def test_the_readme_s_commands_run_as_written_on_the_inventory_example(tmp_path,
         args = [str(folder / "pipeline.yml") if a == "pipeline.yml" else a for a in args]
         code = cli.main(["--storage", "delta-rs", "-q", *args])
         assert code == 0, f"cdc-join {' '.join(args)} exited {code}: {capsys.readouterr().err}"
+    assert_expected_silver(folder, storage)  # the example's promise, as for the other examples
 
 
 def test_every_cdc_join_command_in_the_readme_parses():

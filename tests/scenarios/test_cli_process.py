@@ -9,6 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 import yaml
 
 from cdc_join.events import EventWriter
@@ -67,6 +68,7 @@ def test_config_and_storage_errors_exit_2_before_spark_starts(tmp_path):
     assert "CDC_JOIN_STORAGE" in found.stderr
 
 
+@pytest.mark.deep  # starts a JVM of its own (about 15 s); CI runs it
 def test_a_run_prints_its_report_and_nothing_of_spark_s_start_up(tmp_path):
     config = _tiny(tmp_path)
     done = _python(
