@@ -623,14 +623,6 @@ def _required(raw: Mapping[str, Any], name: str, parent: str) -> Any:
     return raw[name]
 
 
-def _no_unknown(raw: Mapping[str, Any], allowed: set[str], parent: str) -> None:
-    for k in raw:
-        if k not in allowed:
-            raise ConfigError(
-                f"unknown key; expected one of {sorted(allowed)}", key=f"{parent}.{k}" if parent else str(k)
-            )
-
-
 def _string(value: Any, key: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise ConfigError(f"must be a non-empty string, got {value!r}", key=key)
