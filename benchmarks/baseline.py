@@ -16,11 +16,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import duckdb
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from benchmarks.workload import KEYS, OUTPUT, SELECT
+from benchmarks.workload import KEYS, OUTPUT, SELECT, duck_connection
 from cdc_join.config import PipelineConfig
 from cdc_join.storage import Storage
 
@@ -101,7 +100,7 @@ def duckdb_full_join_sql(storage: Storage, config: PipelineConfig) -> str:
 def duckdb_full_join(storage: Storage, config: PipelineConfig, out: Path) -> float:
     """Run the full join in DuckDB, write it to ``out`` (parquet), return the seconds it took."""
     start = time.perf_counter()
-    con = duckdb.connect()
+    con = duck_connection()
     con.execute(f"COPY ({duckdb_full_join_sql(storage, config)}) TO '{out}' (FORMAT parquet)")
     con.close()
     return time.perf_counter() - start
@@ -127,7 +126,7 @@ class Comparison:
 def compare(storage: Storage, config: PipelineConfig, duckdb_result: Path) -> Comparison:
     """Compare incremental silver, the Spark full refresh and the DuckDB result, row for row."""
     columns = ", ".join(SELECT)
-    con = duckdb.connect()
+    con = duck_connection()
     silver = f"(SELECT {columns} FROM read_parquet({_parquet_list(storage, config.silver_path)}))"
     full = f"(SELECT {columns} FROM read_parquet({_parquet_list(storage, full_refresh_path(config))}))"
     duck = f"(SELECT {columns} FROM read_parquet('{duckdb_result}'))"
