@@ -47,9 +47,7 @@ class ChangeSet:
     @property
     def frame(self) -> DataFrame:
         if self._frame is None:
-            # Spark cannot take an Arrow table without chunks; an empty one is just its schema.
-            rows = self.table if self.table.num_rows else []
-            frame = self.spark.createDataFrame(rows, schema=self.schema)
+            frame = spark_frame(self.spark, self.table, self.schema)
             setattr(frame, ARROW_ATTRIBUTE, self.table)
             self._frame = frame
         return self._frame
@@ -100,6 +98,22 @@ class ChangeSet:
             chunks = [k.cast(target) for p in parts for k in p.table.column(c).chunks]
             arrays[c] = pa.chunked_array(chunks, target)
         return ChangeSet(first.spark, schema, distinct_rows(pa.table(arrays), columns))
+
+
+def spark_frame(spark: SparkSession, table: pa.Table, schema: StructType) -> DataFrame:
+    """A Spark frame over the rows of an Arrow table.
+
+    Chunks without rows are dropped first: PySpark 4.2 hands the JVM one record batch per
+    chunk, and the rows of every chunk after an empty one went missing (a keyed read that
+    skipped row groups came back with 26 of its 2,074 rows). Spark cannot take a table
+    without chunks either; an empty one is just its schema.
+    """
+    if not table.num_rows:
+        return spark.createDataFrame([], schema=schema)
+    batches = table.to_batches()
+    if any(b.num_rows == 0 for b in batches):
+        table = pa.Table.from_batches([b for b in batches if b.num_rows], table.schema)
+    return spark.createDataFrame(table, schema=schema)
 
 
 def materialize(df: DataFrame) -> ChangeSet:

@@ -15,6 +15,10 @@ Rules every backend follows (the contract tests in ``tests/contract`` check them
 - ``read_arrow`` returns a small table's latest snapshot (optionally some columns, some of
   its files) as Arrow on the driver: for the pipeline's own logs, which a run reads without
   the cost of a Spark job where the backend can.
+- ``read_rows`` returns the rows of a snapshot whose column equals one of some values (a null
+  matches nothing) as Arrow on the driver, where the backend reads Delta without Spark
+  (delta-rs); a backend that would need a Spark job for it returns ``None`` and the caller
+  reads with Spark. Keyed reads of a run's changed keys go this way.
 - ``read_changes`` returns the Change Data Feed rows committed in versions
   ``start_version..end_version`` (both inclusive; ``end_version=None`` means latest), with the
   columns ``_change_type`` (``insert``, ``update_preimage``, ``update_postimage``, ``delete``)
@@ -143,6 +147,15 @@ class Storage(Protocol):
     def read_arrow(
         self, path: str, columns: Sequence[str] | None = None, files: Sequence[str] | None = None
     ) -> pa.Table: ...
+
+    def read_rows(
+        self,
+        path: str,
+        column: str,
+        values: Sequence[Any],
+        version: int | None = None,
+        files: Sequence[str] | None = None,
+    ) -> pa.Table | None: ...
 
     def files(self, path: str, version: int | None = None) -> list[FileStats]: ...
 

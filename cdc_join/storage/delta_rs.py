@@ -88,7 +88,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from cdc_join.changeset import ARROW_ATTRIBUTE, arrow_of, arrow_schema, to_arrow
+from cdc_join.changeset import ARROW_ATTRIBUTE, arrow_of, arrow_schema, spark_frame, to_arrow
 from cdc_join.errors import ConcurrentRunError, StorageError
 from cdc_join.schemas import changed_types, conform, merge_schemas, nullable
 from cdc_join.storage.base import FileStats, MergeSpec, WriteMetrics, is_table_name
@@ -732,18 +732,40 @@ class DeltaRsStorage:
         self, path: str, columns: Sequence[str] | None = None, files: Sequence[str] | None = None
     ) -> pa.Table:
         """The latest snapshot (or only ``files`` of it) as Arrow, read by delta-rs: no Spark job."""
-        dt = self._load(path)
-        self._check_plain_parquet(dt, path)
         with _delta_errors("read", path):
-            dataset = dt.to_pyarrow_dataset()
-            if files is not None:
-                root = table_root(path)
-                wanted = {_file_key(root, f) for f in files}
-                fragments = [f for f in dataset.get_fragments() if _file_key(root, f.path) in wanted]
-                dataset = pa.dataset.FileSystemDataset(
-                    fragments, dataset.schema, dataset.format, dataset.filesystem
-                )
+            dataset = self._dataset(path, None, files)
             return dataset.to_table(columns=list(columns) if columns is not None else None)
+
+    def read_rows(
+        self,
+        path: str,
+        column: str,
+        values: Sequence[Any],
+        version: int | None = None,
+        files: Sequence[str] | None = None,
+    ) -> pa.Table:
+        """The rows of the snapshot at ``version`` (default latest; only ``files`` of it) whose
+        ``column`` equals one of ``values``, read by delta-rs on the driver: no Spark job.
+
+        A null matches nothing, as in SQL's ``IN``. Parquet row groups whose statistics hold
+        no wanted value are skipped, and the scan runs on Arrow's thread pool.
+        """
+        with _delta_errors("read", path):
+            dataset = self._dataset(path, version, files)
+            wanted = pa.array([v for v in values if v is not None], dataset.schema.field(column).type)
+            return dataset.to_table(filter=pc.field(column).isin(wanted))
+
+    def _dataset(self, path: str, version: int | None, files: Sequence[str] | None) -> pa.dataset.Dataset:
+        """The snapshot's data files (or ``files`` of them) as a pyarrow dataset."""
+        dt = self._load(path, version)
+        self._check_plain_parquet(dt, path)
+        dataset = dt.to_pyarrow_dataset()
+        if files is None:
+            return dataset
+        root = table_root(path)
+        wanted = {_file_key(root, f) for f in files}
+        fragments = [f for f in dataset.get_fragments() if _file_key(root, f.path) in wanted]
+        return pa.dataset.FileSystemDataset(fragments, dataset.schema, dataset.format, dataset.filesystem)
 
     def files(self, path: str, version: int | None = None) -> list[FileStats]:
         """The snapshot's data files with min/max/null counts of the top-level columns.
@@ -824,7 +846,7 @@ class DeltaRsStorage:
             names.index(COMMIT_VERSION), COMMIT_VERSION, arrow[COMMIT_VERSION].cast(pa.int64())
         )
         # createDataFrame casts every column (string_view, binary_view, ...) to out_schema's types.
-        frame = self.spark.createDataFrame(arrow, out_schema)
+        frame = spark_frame(self.spark, arrow, out_schema)
         # The rows are on the driver already: callers can read keys from them without a job.
         setattr(frame, ARROW_ATTRIBUTE, _plain_types(arrow))
         return frame

@@ -985,6 +985,18 @@ class DeltaSparkStorage:
         df = self.read(path, files=files)
         return to_arrow(df.select(*[_quote(c) for c in columns]) if columns is not None else df)
 
+    def read_rows(
+        self,
+        path: str,
+        column: str,
+        values: Sequence[Any],
+        version: int | None = None,
+        files: Sequence[str] | None = None,
+    ) -> None:
+        """``None``: Delta is read by Spark here, so a keyed read stays a Spark read (see
+        :func:`cdc_join.storage.pruning.read_keyed`)."""
+        return None
+
     def files(self, path: str, version: int | None = None) -> list[FileStats]:
         """The snapshot's data files with statistics of the top-level columns.
 

@@ -22,6 +22,8 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import DoubleType, FloatType, StringType, StructField, StructType
 
+from cdc_join.changeset import ChangeSet
+from cdc_join.schemas import nullable
 from cdc_join.storage.base import FileStats, Storage
 
 #: Up to this many distinct wanted values are matched against file ranges on the driver; more
@@ -29,6 +31,9 @@ from cdc_join.storage.base import FileStats, Storage
 DRIVER_PRUNING_KEYS = 10_000
 #: Up to this many values of a single key column are matched with an IN filter, not a join.
 ISIN_KEYS = 5_000
+#: Up to this many values of a single key column are looked up by the backend on the driver,
+#: where it reads Delta without Spark (delta-rs): the rows found are bounded by the keys.
+DRIVER_READ_KEYS = 250_000
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,11 @@ def read_keyed(
     """
     files = storage.files(path, version)
     selected = candidate_files(storage, path, version, files, keys, on[0], values)
+    stats = ScanStats(len(selected), len(files))
+    if values is not None and len(on) == 1 and len(values) <= DRIVER_READ_KEYS and selected:
+        found = _read_on_driver(storage, path, version, selected, on[0][0], keys.schema[on[0][1]], values)
+        if found is not None:
+            return found, stats
     table = storage.read(path, version, files=selected) if selected else storage.read(path, version).limit(0)
     literals = (
         _sql_literals(values) if values is not None and len(on) == 1 and len(values) <= ISIN_KEYS else None
@@ -78,10 +88,42 @@ def read_keyed(
         # SQL text: one round trip to the JVM, not one per value.
         column = "`" + on[0][0].replace("`", "``") + "`"
         condition = f"{column} IN ({', '.join(literals)})" if literals else "false"
-        return table.filter(F.expr(condition)), ScanStats(len(selected), len(files))
+        return table.filter(F.expr(condition)), stats
     wanted = keys.select(*[F.col(f"`{k}`").alias(f"__key{i}") for i, (_, k) in enumerate(on)]).distinct()
     condition = [table[f"`{t}`"].eqNullSafe(wanted[f"__key{i}"]) for i, (t, _) in enumerate(on)]
-    return table.join(F.broadcast(wanted), condition, "left_semi"), ScanStats(len(selected), len(files))
+    return table.join(F.broadcast(wanted), condition, "left_semi"), stats
+
+
+def _read_on_driver(
+    storage: Storage,
+    path: str,
+    version: int | None,
+    files: list[str],
+    column: str,
+    wanted: StructField,
+    values: Sequence[Any],
+) -> DataFrame | None:
+    """The rows of ``files`` whose ``column`` is one of ``values``, read by the backend without
+    Spark (delta-rs) and handed to Spark as a small frame.
+
+    ``None`` (the caller reads with Spark) where the backend reads with Spark anyway; where the
+    wanted values (``wanted``) are of another type than the column, which Spark compares after
+    coercing one side; for floating-point keys (``-0.0`` and ``0.0`` are one key to Spark, two
+    hash values to Arrow); and for a version older than the latest (whose schema may differ).
+    """
+    if version is not None and version != storage.version(path):
+        return None
+    schema = storage.schema(path)
+    data_type = schema[column].dataType
+    if data_type != wanted.dataType or isinstance(data_type, (DoubleType, FloatType)):
+        return None
+    table = storage.read_rows(path, column, values, version, files)
+    if table is None:
+        return None
+    # Nullable throughout, as Spark reads parquet.
+    rows_schema = nullable(schema)
+    assert isinstance(rows_schema, StructType)
+    return ChangeSet(storage.spark, rows_schema, table.select(schema.names)).frame
 
 
 def candidate_files(

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pyarrow as pa
+from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from cdc_join.changeset import materialize, materialize_all
+from cdc_join.changeset import ChangeSet, materialize, materialize_all, spark_frame
 
 
 def test_nested_void_columns_survive_collection(spark):
@@ -24,3 +25,22 @@ def test_nested_void_columns_survive_collection(spark):
     both = materialize_all([df, df.select("id")])
     assert both[0].table.sort_by("id").column("ar").to_pylist() == [[None, None], [], None]
     assert materialize(both[0].frame).table.sort_by("id").column("ar").to_pylist() == [[None, None], [], None]
+
+
+def test_a_frame_over_arrow_chunks_keeps_the_rows_after_an_empty_chunk(spark):
+    """A keyed read that skips row groups returns empty chunks between full ones; PySpark
+    passes one record batch per chunk, and lost every row after the first empty one."""
+    schema = pa.schema([("k", pa.int64()), ("v", pa.string())])
+    chunks = [
+        pa.record_batch([pa.array([1, 2]), pa.array(["a", None])], schema=schema),
+        pa.record_batch([pa.array([], pa.int64()), pa.array([], pa.string())], schema=schema),
+        pa.record_batch([pa.array([3]), pa.array(["c"])], schema=schema),
+        pa.record_batch([pa.array([], pa.int64()), pa.array([], pa.string())], schema=schema),
+        pa.record_batch([pa.array([4, 5]), pa.array(["d", "e"])], schema=schema),
+    ]
+    table = pa.Table.from_batches(chunks, schema)
+    frame = ChangeSet(
+        spark, StructType([StructField("k", LongType()), StructField("v", StringType())]), table
+    ).frame
+    assert sorted(r["k"] for r in frame.collect()) == [1, 2, 3, 4, 5]
+    assert spark_frame(spark, table.slice(0, 0), frame.schema).collect() == []
