@@ -282,7 +282,24 @@ def bench_scale(
         results.append(summarize(scale, fraction, rows))
         if i == 0 and rf3a_customers:
             out["optimize_experiment"] = optimize_experiment(pipeline, rf3a_customers, one, progress)
+    out["idle_run"] = idle_run(pipeline)
+    progress(f"sf {scale:g}: run with no new events {out['idle_run']}")
     return out
+
+
+def idle_run(pipeline: Any) -> dict[str, Any]:
+    """A run that finds no new landing file: what a scheduled run costs when nothing happened."""
+    start = time.perf_counter()
+    report = pipeline.run()
+    seconds = time.perf_counter() - start
+    ingest = report.seconds.get("ingest", 0.0)
+    return {
+        "seconds": round(seconds, 3),
+        "join_run_s": round(seconds - ingest, 3),
+        "ingest_s": round(ingest, 3),
+        "spark_jobs": sum(report.spark_jobs.values()),
+        "spark_jobs_by_step": dict(report.spark_jobs),
+    }
 
 
 def optimize_experiment(pipeline: Any, customers: int, one: Any, progress: Any) -> dict[str, Any]:

@@ -1,8 +1,9 @@
 """The storage seam: the few Delta operations a run needs, as one small protocol.
 
-Compute is always Spark; this protocol is the only place that knows how a Delta table is read
-or written. Two backends implement it: :mod:`cdc_join.storage.delta_rs` (embedded default,
-``deltalake``) and :mod:`cdc_join.storage.delta_spark` (Delta on the Spark classpath).
+Compute is Spark; this protocol is the only place that knows how a Delta table is read or
+written (the rows of a few wanted keys may be read without Spark, see ``read_rows``). Two
+backends implement it: :mod:`cdc_join.storage.delta_rs` (embedded default, ``deltalake``) and
+:mod:`cdc_join.storage.delta_spark` (Delta on the Spark classpath).
 
 Rules every backend follows (the contract tests in ``tests/contract`` check them):
 

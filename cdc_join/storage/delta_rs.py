@@ -743,13 +743,22 @@ class DeltaRsStorage:
         values: Sequence[Any],
         version: int | None = None,
         files: Sequence[str] | None = None,
-    ) -> pa.Table:
+    ) -> pa.Table | None:
         """The rows of the snapshot at ``version`` (default latest; only ``files`` of it) whose
         ``column`` equals one of ``values``, read by delta-rs on the driver: no Spark job.
 
         A null matches nothing, as in SQL's ``IN``. Parquet row groups whose statistics hold
-        no wanted value are skipped, and the scan runs on Arrow's thread pool.
+        no wanted value are skipped, and the scan runs on Arrow's thread pool. ``None`` for a
+        table whose protocol names deletion vectors (even with none left), which pyarrow
+        datasets refuse: Spark reads it instead.
+
+        Raises:
+            StorageError: a file of ``files`` is not a data file of the snapshot (the table
+                moved on since they were listed), as :meth:`read` does.
         """
+        dt = self._load(path, version)
+        if "deletionVectors" in (dt.protocol().reader_features or []):
+            return None
         with _delta_errors("read", path):
             dataset = self._dataset(path, version, files)
             wanted = pa.array([v for v in values if v is not None], dataset.schema.field(column).type)
@@ -763,8 +772,14 @@ class DeltaRsStorage:
         if files is None:
             return dataset
         root = table_root(path)
-        wanted = {_file_key(root, f) for f in files}
+        wanted = {_file_key(root, f): f for f in files}
         fragments = [f for f in dataset.get_fragments() if _file_key(root, f.path) in wanted]
+        found = {_file_key(root, f.path) for f in fragments}
+        missing = [file for key, file in wanted.items() if key not in found]
+        if missing:
+            raise StorageError(
+                f"{missing[0]} is not a data file of version {dt.version()} of the Delta table at {path}"
+            )
         return pa.dataset.FileSystemDataset(fragments, dataset.schema, dataset.format, dataset.filesystem)
 
     def files(self, path: str, version: int | None = None) -> list[FileStats]:

@@ -32,7 +32,10 @@ DRIVER_PRUNING_KEYS = 10_000
 #: Up to this many values of a single key column are matched with an IN filter, not a join.
 ISIN_KEYS = 5_000
 #: Up to this many values of a single key column are looked up by the backend on the driver,
-#: where it reads Delta without Spark (delta-rs): the rows found are bounded by the keys.
+#: where it reads Delta without Spark (delta-rs). The rows found are those of the keys: for a
+#: state table one per key and version kept since the last compaction; for a subscription
+#: table every subscriber of a changed right key (and its superseded rows), which the lookup
+#: step collects to the driver anyway.
 DRIVER_READ_KEYS = 250_000
 
 
@@ -58,7 +61,11 @@ def read_keyed(
     version: int | None = None,
     values: Sequence[Any] | None = None,
 ) -> tuple[DataFrame, ScanStats]:
-    """Rows of the table at ``path`` whose columns equal a row of ``keys`` (null-safe).
+    """Rows of the table at ``path`` whose columns equal a row of ``keys`` (null-safe; with
+    ``values`` for a one-column key, as SQL's ``IN``: a null matches nothing).
+
+    With ``values`` for a one-column key the backend may read the rows itself on the driver
+    (:data:`DRIVER_READ_KEYS`), else Spark filters the candidate files by ``IN`` or a join.
 
     Args:
         storage: the storage seam.

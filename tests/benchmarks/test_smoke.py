@@ -47,6 +47,9 @@ def test_benchmark_runs_end_to_end_and_outputs_agree(tmp_path, spark, storage):
     assert batch["subscription_files_total"] >= batch["subscription_files_scanned"] > 0
     subscriptions = [a for a in result["optimize"]["actions"] if "/subscription/" in a["path"]]
     assert subscriptions and all(a["action"] == "compact" for a in subscriptions)
+    # A run that finds nothing new costs no Spark job (the bound is 5).
+    idle = result["idle_run"]
+    assert idle["spark_jobs"] == 0, idle
     config = load_config(tmp_path / "sf0.001" / "pipeline.yml")
     assert all("action" in a for a in optimize_pipeline(storage, config))  # the policy on a healthy lake
     json.dumps(result, default=str)

@@ -986,6 +986,34 @@ def test_a_keyed_read_of_keys_of_another_type_matches_as_spark_compares_them(sto
         assert sorted(r["id"] for r in found.collect()) == [2, 3], ddl
 
 
+def test_delta_rs_reads_keys_of_a_table_pyarrow_cannot_open_with_spark(spark, tmp_path):
+    # A table whose protocol names deletion vectors (none left after a purge) is refused by
+    # pyarrow datasets but readable as parquet: the keyed read goes through Spark.
+    from deltalake import DeltaTable, TableFeatures
+
+    store = get_storage(spark, "delta-rs")
+    path = str(tmp_path / "t")
+    kv_table(store, spark, path, [(1, 1, "a"), (2, 1, "b")])
+    DeltaTable(path).alter.add_feature(TableFeatures.DeletionVectors, allow_protocol_versions_increase=True)
+    assert store.read_rows(path, "id", [1]) is None
+    keys = spark.createDataFrame([(1,)], "k long")
+    found, _ = read_keyed(store, path, keys, [("id", "k")], values=[1])
+    assert rows(found) == [{"id": 1, "seq": 1, "v": "a"}]
+
+
+def test_delta_rs_keyed_read_of_files_the_table_no_longer_has_fails(spark, tmp_path):
+    # Files listed before another writer replaced them: an error, as Spark's read gives, never
+    # an empty result.
+    store = get_storage(spark, "delta-rs")
+    path = str(tmp_path / "t")
+    kv_table(store, spark, path, [(1, 1, "a")])
+    listed = [f.path for f in store.files(path)]
+    store.overwrite(path, spark.createDataFrame([(1, 2, "b")], KV_DDL))
+    with pytest.raises(StorageError, match="not a data file"):
+        store.read_rows(path, "id", [1], files=listed)
+    assert store.read_rows(path, "id", [1]).to_pylist() == [{"id": 1, "seq": 2, "v": "b"}]
+
+
 def test_merge_metrics_are_the_rows_it_changed(store, spark, tmp_path):
     path = str(tmp_path / "t")
     kv_table(store, spark, path, [(i, 1, "a") for i in range(1, 7)])
