@@ -765,21 +765,31 @@ class DeltaRsStorage:
             return dataset.to_table(filter=pc.field(column).isin(wanted))
 
     def _dataset(self, path: str, version: int | None, files: Sequence[str] | None) -> pa.dataset.Dataset:
-        """The snapshot's data files (or ``files`` of them) as a pyarrow dataset."""
+        """The snapshot's data files (or ``files`` of them) as a pyarrow dataset.
+
+        Raises:
+            StorageError: a file of ``files`` is not a data file of the snapshot.
+        """
         dt = self._load(path, version)
         self._check_plain_parquet(dt, path)
-        dataset = dt.to_pyarrow_dataset()
         if files is None:
-            return dataset
+            return dt.to_pyarrow_dataset()
         root = table_root(path)
+        in_snapshot = {_file_key(root, a["path"]) for a in self._add_actions(dt, path)}
         wanted = {_file_key(root, f): f for f in files}
-        fragments = [f for f in dataset.get_fragments() if _file_key(root, f.path) in wanted]
-        found = {_file_key(root, f.path) for f in fragments}
-        missing = [file for key, file in wanted.items() if key not in found]
+        missing = [file for key, file in wanted.items() if key not in in_snapshot]
         if missing:
             raise StorageError(
                 f"{missing[0]} is not a data file of version {dt.version()} of the Delta table at {path}"
             )
+        if _is_local(root):
+            # A dataset of just these files: delta-rs builds one fragment per data file of the
+            # table (2.6 s for 14,669 subscription files at SF 10), this takes milliseconds.
+            # Columns a file lacks (added later) read as null, as in delta-rs's own dataset.
+            schema = pa.schema(dt.schema().to_arrow())
+            return pa.dataset.dataset(sorted(wanted), schema=schema, format="parquet")
+        dataset = dt.to_pyarrow_dataset()
+        fragments = [f for f in dataset.get_fragments() if _file_key(root, f.path) in wanted]
         return pa.dataset.FileSystemDataset(fragments, dataset.schema, dataset.format, dataset.filesystem)
 
     def files(self, path: str, version: int | None = None) -> list[FileStats]:
