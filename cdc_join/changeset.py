@@ -113,6 +113,11 @@ def spark_frame(spark: SparkSession, table: pa.Table, schema: StructType) -> Dat
     batches = table.to_batches()
     if any(b.num_rows == 0 for b in batches):
         table = pa.Table.from_batches([b for b in batches if b.num_rows], table.schema)
+    if any(_holds_null_list(f.type) for f in table.schema):
+        # createDataFrame casts the table to the schema's Arrow types, and pyarrow's cast of
+        # list<null> to list<null> is broken (see cast_table); from large_list<null> it is not.
+        large = pa.schema([f.with_type(_large_null_lists(f.type)).with_nullable(True) for f in table.schema])
+        table = cast_table(table, large)
     return spark.createDataFrame(table, schema=schema)
 
 
@@ -172,20 +177,80 @@ def _without_void(dtype: DataType) -> DataType:
 
 
 def _with_type(array: pa.Array, target: pa.DataType) -> pa.Array:
-    """``array`` rebuilt as ``target``, whose null-typed parts hold only nulls in ``array``."""
+    """``array`` rebuilt as ``target``, whose null-typed parts hold only nulls in ``array``.
+
+    Lists and maps are rebuilt from offsets that start at 0 (a slice's offsets do not, and
+    pyarrow refuses a validity mask next to them); leaves are cast.
+    """
     if pa.types.is_null(target):
         return pa.nulls(len(array))
     mask = array.is_null() if array.null_count else None
-    if pa.types.is_list(target) or pa.types.is_large_list(target):
-        values = _with_type(array.values, target.value_type)
-        return type(array).from_arrays(array.offsets, values, type=target, mask=mask)
-    if pa.types.is_map(target):
-        items = _with_type(array.items, target.item_type)
-        return pa.MapArray.from_arrays(array.offsets, array.keys, items, type=target, mask=mask)
+    if pa.types.is_list(target) or pa.types.is_large_list(target) or pa.types.is_map(target):
+        offsets = array.offsets
+        start, end = (offsets[0].as_py(), offsets[-1].as_py()) if len(offsets) else (0, 0)
+        rebased = pc.subtract(offsets, pa.scalar(start, offsets.type))
+        if pa.types.is_map(target):
+            keys = array.keys.slice(start, end - start)
+            items = _with_type(array.items.slice(start, end - start), target.item_type)
+            return pa.MapArray.from_arrays(rebased, keys, items, type=target, mask=mask)
+        values = _with_type(array.values.slice(start, end - start), target.value_type)
+        if pa.types.is_large_list(target):
+            return pa.LargeListArray.from_arrays(rebased.cast(pa.int64()), values, type=target, mask=mask)
+        return pa.ListArray.from_arrays(rebased.cast(pa.int32()), values, type=target, mask=mask)
     if pa.types.is_struct(target):
         children = [_with_type(array.field(i), target.field(i).type) for i in range(target.num_fields)]
         return pa.StructArray.from_arrays(children, fields=list(target), mask=mask)
     return array.cast(target)
+
+
+def _holds_null_list(data_type: pa.DataType) -> bool:
+    """Whether a list (or map) of null-typed values is part of ``data_type``."""
+    if pa.types.is_list(data_type) or pa.types.is_large_list(data_type):
+        return pa.types.is_null(data_type.value_type) or _holds_null_list(data_type.value_type)
+    if pa.types.is_map(data_type):
+        return pa.types.is_null(data_type.item_type) or _holds_null_list(data_type.item_type)
+    if pa.types.is_struct(data_type):
+        return any(_holds_null_list(data_type.field(i).type) for i in range(data_type.num_fields))
+    return False
+
+
+def _large_null_lists(data_type: pa.DataType) -> pa.DataType:
+    """``data_type`` with every ``list<null>`` made a ``large_list<null>`` and every nested
+    field nullable (Spark's schema, not the table's, says what may be null)."""
+    if pa.types.is_list(data_type) or pa.types.is_large_list(data_type):
+        if pa.types.is_null(data_type.value_type):
+            return pa.large_list(data_type.value_field.with_nullable(True))
+        inner = data_type.value_field.with_type(_large_null_lists(data_type.value_type)).with_nullable(True)
+        return pa.large_list(inner) if pa.types.is_large_list(data_type) else pa.list_(inner)
+    if pa.types.is_map(data_type):
+        item = data_type.item_field.with_type(_large_null_lists(data_type.item_type)).with_nullable(True)
+        return pa.map_(data_type.key_field, item)
+    if pa.types.is_struct(data_type):
+        return pa.struct([f.with_type(_large_null_lists(f.type)).with_nullable(True) for f in data_type])
+    return data_type
+
+
+def cast_table(rows: Any, schema: pa.Schema) -> Any:
+    """``rows.cast(schema)`` for a table or record batch, safe for lists of null-typed values.
+
+    pyarrow 26's cast of ``list<null>`` (even to ``list<null>``) keeps the offsets and shortens
+    the values to one per list: an invalid array, which failed the ingest of a batch whose
+    array column held only ``[null, null]`` so far. Such columns are rebuilt instead.
+    """
+    if not any(_holds_null_list(f.type) for f in schema):
+        return rows.cast(schema)
+    columns = []
+    for field in schema:
+        column = rows.column(field.name)
+        if not _holds_null_list(field.type):
+            columns.append(column.cast(field.type))
+        elif isinstance(column, pa.ChunkedArray):
+            columns.append(pa.chunked_array([_with_type(c, field.type) for c in column.chunks], field.type))
+        else:
+            columns.append(_with_type(column, field.type))
+    if isinstance(rows, pa.RecordBatch):
+        return pa.RecordBatch.from_arrays(columns, schema=schema)
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
 def materialize_all(frames: Sequence[DataFrame]) -> list[ChangeSet]:

@@ -60,7 +60,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from cdc_join.changeset import ChangeSet, arrow_schema, empty, from_arrow, materialize
+from cdc_join.changeset import ChangeSet, arrow_schema, cast_table, empty, from_arrow, materialize
 from cdc_join.config import PipelineConfig
 from cdc_join.debezium import QUARANTINE_SCHEMA, ParsedBatch, parse_events
 from cdc_join.debezium.sql import lit
@@ -428,7 +428,7 @@ class _Outcome:
         )
         spark = parsed.events.sparkSession
         return cls(
-            events=from_arrow(spark, event_schema, events.cast(arrow_schema(event_schema))),
+            events=from_arrow(spark, event_schema, cast_table(events, arrow_schema(event_schema))),
             quarantine=from_arrow(
                 spark,
                 QUARANTINE_TABLE_SCHEMA,
@@ -488,7 +488,7 @@ def _json_arrays_as_one_line(table: pa.Table) -> pa.Table:
     for column, values in nulls.items():
         replaced = replaced.set_column(replaced.schema.get_field_index(column), column, values)
     schema = pa.schema([f.with_nullable(True) for f in kept.schema])
-    return pa.concat_tables([kept.cast(schema), replaced.cast(schema)])
+    return pa.concat_tables([cast_table(kept, schema), cast_table(replaced, schema)])
 
 
 #: Bronze event columns and the classified columns they come from.

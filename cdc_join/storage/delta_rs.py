@@ -88,7 +88,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from cdc_join.changeset import ARROW_ATTRIBUTE, arrow_of, arrow_schema, spark_frame, to_arrow
+from cdc_join.changeset import ARROW_ATTRIBUTE, arrow_of, arrow_schema, cast_table, spark_frame, to_arrow
 from cdc_join.errors import ConcurrentRunError, StorageError
 from cdc_join.schemas import changed_types, conform, merge_schemas, nullable
 from cdc_join.storage.base import FileStats, MergeSpec, WriteMetrics, is_table_name
@@ -310,7 +310,7 @@ def _spilled(df: DataFrame, folder: str) -> pa.RecordBatchReader:
         for name in files:
             handle = pq.ParquetFile(os.path.join(folder, name), coerce_int96_timestamp_unit="us")
             for batch in handle.iter_batches(batch_size=65_536):
-                yield batch.select(schema.names).cast(schema)
+                yield cast_table(batch.select(schema.names), schema)
 
     return pa.RecordBatchReader.from_batches(schema, batches())
 
@@ -329,7 +329,7 @@ def _stages(rows: pa.RecordBatchReader, target: pa.Schema) -> Iterator[pa.Record
             for f in target
         ]
         try:
-            pending.append(pa.RecordBatch.from_arrays(columns, names=target.names).cast(target))
+            pending.append(cast_table(pa.RecordBatch.from_arrays(columns, names=target.names), target))
         except (pa.ArrowInvalid, ValueError) as e:
             raise StorageError(f"rows do not fit the table's schema: {e}") from None
         size, count = size + pending[-1].nbytes, count + batch.num_rows
@@ -402,7 +402,7 @@ def _plain_types(table: pa.Table) -> pa.Table:
             return pa.map_(plain(t.key_type), plain(t.item_type))
         return t
 
-    return table.cast(pa.schema([f.with_type(plain(f.type)) for f in table.schema]))
+    return cast_table(table, pa.schema([f.with_type(plain(f.type)) for f in table.schema]))
 
 
 def _has_not_null(data_type: pa.DataType | pa.Schema) -> bool:
@@ -1048,7 +1048,7 @@ class DeltaRsStorage:
                 rows = self._source_arrow(conform(self.read(path), target), arrow_target)
                 write_deltalake(
                     dt,
-                    rows.cast(arrow_target),
+                    cast_table(rows, arrow_target),
                     mode="overwrite",
                     schema_mode="overwrite",
                     storage_options=self.storage_options,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from cdc_join.changeset import ChangeSet, materialize, materialize_all, spark_frame
+from cdc_join.changeset import ChangeSet, cast_table, materialize, materialize_all, spark_frame
 
 
 def test_nested_void_columns_survive_collection(spark):
@@ -44,3 +44,52 @@ def test_a_frame_over_arrow_chunks_keeps_the_rows_after_an_empty_chunk(spark):
     ).frame
     assert sorted(r["k"] for r in frame.collect()) == [1, 2, 3, 4, 5]
     assert spark_frame(spark, table.slice(0, 0), frame.schema).collect() == []
+
+
+def test_lists_of_nulls_survive_casts_and_the_trip_to_spark(spark):
+    """pyarrow 26 casts ``list<null>`` to ``list<null>`` into an invalid array (offsets past
+    its values); an array column that held only ``[null, null]`` so far failed its batch's
+    ingest. Casts and frames over Arrow rebuild such columns instead."""
+    nulls = pa.list_(pa.null())
+    row = pa.struct([("s", pa.string()), ("ar", nulls), ("m", pa.map_(pa.string(), pa.null()))])
+    values = [
+        {"s": "a", "ar": [None, None], "m": [("k", None)]},
+        None,
+        {"s": "c", "ar": [None], "m": None},
+        {"s": "d", "ar": None, "m": []},
+    ]
+    table = pa.table({"r": pa.array(values, row), "l": pa.array([[None], [None, None], None, []], nulls)})
+    for rows in (table, table.slice(1), pa.Table.from_batches(table.to_batches(max_chunksize=2))):
+        cast = cast_table(rows, table.schema)
+        for column in cast.columns:
+            column.validate(full=True)
+        assert cast.to_pylist() == rows.to_pylist()
+    schema = StructType(
+        [
+            StructField(
+                "r",
+                spark.createDataFrame([], "r struct<s:string,ar:array<void>,m:map<string,void>>")
+                .schema["r"]
+                .dataType,
+            ),
+            StructField("l", spark.createDataFrame([], "l array<void>").schema["l"].dataType),
+        ]
+    )
+    back = materialize(ChangeSet(spark, schema, table).frame).table
+    assert back.column("r").to_pylist() == [
+        {"s": "a", "ar": [None, None], "m": [("k", None)]},
+        None,
+        {"s": "c", "ar": [None], "m": None},
+        {"s": "d", "ar": None, "m": []},
+    ]
+    assert back.column("l").to_pylist() == [[None], [None, None], None, []]
+
+
+def test_a_frame_over_lists_of_nulls_whose_nullability_spark_changes(spark):
+    """createDataFrame casts the table to Spark's Arrow types; a struct field Spark declares
+    nullable where the table does not made that a real cast of ``list<null>``, which failed."""
+    row = pa.struct([pa.field("s", pa.string(), nullable=False), ("ar", pa.list_(pa.null()))])
+    table = pa.table({"r": pa.array([{"s": "a", "ar": [None, None]}, {"s": "b", "ar": [None]}], row)})
+    schema = spark.createDataFrame([], "r struct<s:string,ar:array<void>>").schema
+    back = materialize(ChangeSet(spark, schema, table).frame).table
+    assert back.column("r").to_pylist() == [{"s": "a", "ar": [None, None]}, {"s": "b", "ar": [None]}]
