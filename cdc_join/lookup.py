@@ -11,6 +11,8 @@ Both are keyed reads (:mod:`cdc_join.storage.pruning`) of the table versions a r
 
 from __future__ import annotations
 
+import functools
+import operator
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,7 +22,7 @@ from pyspark.sql import functions as F
 from cdc_join import state, subscription
 from cdc_join.changeset import ChangeSet, materialize_all
 from cdc_join.config import JoinConfig, PipelineConfig, SourceConfig
-from cdc_join.schemas import quote
+from cdc_join.schemas import quote, quoted
 from cdc_join.storage import Storage
 from cdc_join.storage.pruning import ScanStats
 from cdc_join.tables import DELETED, LHS_HASH, SEQ, fk_columns, pk_columns
@@ -86,6 +88,30 @@ def subscribers(
         storage, config.subscription_path(join), join, config.left_source, version, changed
     )
     return rows.select(*pk_columns(config.left_source), *fk_columns(join), LHS_HASH), stats
+
+
+def left_keys_naming(
+    storage: Storage, config: PipelineConfig, join: JoinConfig, changed: ChangeSet, version: int
+) -> DataFrame:
+    """The keys of every left state row whose foreign key names a changed right key
+    (``changed``: ``fk_*``), by one scan of the left state: the set-based form of
+    :func:`subscribers`, for a run that changes too many right keys for prefix-range reads.
+
+    Every row of the table counts, superseded ones too (a key's current row is only known once
+    its rows are folded): a key whose current row names none of the changed keys is computed
+    again for nothing, and the silver MERGE finds its row unchanged. Foreign keys compare as in
+    the join that builds silver rows (a null part matches nothing).
+    """
+    stored = storage.read(config.state_path(config.left), version)
+    named = F.broadcast(changed.frame)
+    on = functools.reduce(
+        operator.and_,
+        [
+            stored[quote(c)] == named[quote(f)]
+            for c, f in zip(join.foreign_key, fk_columns(join), strict=True)
+        ],
+    )
+    return stored.join(named, on, "left_semi").select(*quoted(config.left_source.primary_key))
 
 
 def changed_right_keys(keys: ChangeSet, right: SourceConfig, join: JoinConfig) -> ChangeSet:

@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from pyspark.sql import SparkSession
 
 from cdc_join import bronze, cost, lookup, resolve, runlog, silver, state, subscription, verify
-from cdc_join.changeset import ChangeSet
+from cdc_join.changeset import ChangeSet, materialize
 from cdc_join.config import PipelineConfig
 from cdc_join.ingest import ingest_all
 from cdc_join.report import RunReport, SparkJobs
@@ -148,11 +148,13 @@ class Pipeline:
             store, cfg, changes, subscribers, previous, run_id, report.step
         )
         pinned = {name: a.version for name, a in applied.items()}
-        if decision.recompute:
+        if decision.recompute and (first_run or redefined):
             # New or changed joins have no subscriptions for the rows that did not change:
             # rebuild them all from the current left rows, as a full refresh does.
             rebuild = not first_run and silver.joins_redefined(previous.silver, cfg)
             self._recompute(pinned, report, begin, None if rebuild else applied[cfg.left].changes)
+        elif decision.recompute:
+            self._recompute_affected(applied, pinned, report, begin)
         else:
             self._incremental(applied[cfg.left].changes, left_current, subscribers, pinned, report, begin)
         watermarks = {n: a.watermark for n, a in applied.items() if a.watermark}
@@ -185,6 +187,32 @@ class Pipeline:
         with report.step("cleanup") as counts:
             removed = subscription.remove_orphans(store, cfg, resolved.orphans, run_id)
             counts["stale_subscriptions_removed"] = removed
+
+    def _recompute_affected(
+        self, applied: Mapping[str, state.Applied], pinned: dict[str, int], report: RunReport, begin: RunStart
+    ) -> None:
+        """The cost rule's recompute: the rows of the keys the changes affect, found and built
+        by joining whole state tables in Spark instead of looking up subscriptions; the
+        subscriptions get the changed left keys' instructions, as in an incremental run."""
+        cfg, store, run_id = self.config, self.storage, report.run_id
+        left_changed = applied[cfg.left].changes
+        scanned = "recompute: the left rows naming changed right keys are found by a scan of the left state"
+        for join in cfg.joins:
+            report.steps[f"lookup:{join.alias}"] = {"skipped": scanned}
+        with report.step("resolve") as counts:
+            right_changed = {j.alias: applied[j.right].changes for j in cfg.joins}
+            found = resolve.recompute_affected(store, cfg, left_changed, right_changed, pinned, run_id)
+            rows = None if found is None else materialize(found)
+            counts["affected_keys"] = 0 if rows is None else rows.rows
+        with report.step("silver") as counts:
+            if rows is not None and rows.rows:
+                expected = silver.prepare(store, cfg, rows.frame, begin.silver_version)
+                counts.update(silver.merge(store, cfg, rows.frame, expected_version=expected).as_counts())
+            else:
+                counts.update(silver.NOTHING)
+        changed = subscription.instructions_all(left_changed, cfg)
+        subscription.write_all(store, cfg, changed, run_id, report.step)
+        report.steps["cleanup"] = {"stale_subscriptions_removed": "not checked in a recompute"}
 
     def _recompute(
         self,

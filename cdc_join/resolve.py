@@ -326,6 +326,56 @@ def recompute(storage: Storage, config: PipelineConfig, pinned: Mapping[str, int
     left_rows = state.read_current(
         storage, config.state_path(config.left), left.primary_key, pinned[config.left]
     )
+    return _build_from_whole_right(storage, config, left_rows, pinned, run_id)
+
+
+def recompute_affected(
+    storage: Storage,
+    config: PipelineConfig,
+    left_changed: ChangeSet,
+    right_changed: Mapping[str, ChangeSet],
+    pinned: Mapping[str, int],
+    run_id: int,
+) -> DataFrame | None:
+    """Silver rows of the left keys a run affects, found and built by joining whole state
+    tables in Spark (the cost rule's recompute): the set-based form of :func:`incremental`.
+
+    The affected keys are the changed left keys and every left key whose foreign key names a
+    changed right key (:func:`cdc_join.lookup.left_keys_naming`, a scan of the left state,
+    instead of prefix-range reads of the subscriptions). Their rows come from the current left
+    rows, so there is nothing stale to check. Rows of other keys cannot have changed since the
+    last completed run left silver right, so silver is not read.
+
+    Args:
+        left_changed: the changed left keys (their primary key columns, any others ignored).
+        right_changed: per join alias, the changed keys of its right source (primary key columns).
+        pinned: the state versions the run reads (after this run's appends).
+
+    Returns:
+        As :func:`build_rows`, or ``None`` when nothing is affected.
+    """
+    left = config.left_source
+    key = list(left.primary_key)
+    version = pinned[config.left]
+    hits = [left_changed.distinct(key).frame] if left_changed.rows else []
+    for join in config.joins:
+        changed = lookup.changed_right_keys(right_changed[join.alias], config.sources[join.right], join)
+        if changed.rows:
+            hits.append(lookup.left_keys_naming(storage, config, join, changed, version))
+    if not hits:
+        return None
+    # A key listed twice is read once: a semi-join keeps each state row at most once.
+    affected = functools.reduce(DataFrame.unionByName, hits)
+    stored = storage.read(config.state_path(config.left), version)
+    left_rows = state.newest(stored.join(affected, key, "left_semi"), key)
+    return _build_from_whole_right(storage, config, left_rows, pinned, run_id)
+
+
+def _build_from_whole_right(
+    storage: Storage, config: PipelineConfig, left_rows: DataFrame, pinned: Mapping[str, int], run_id: int
+) -> DataFrame:
+    """:func:`build_rows` of ``left_rows`` joined to every current right row, right tables
+    under :data:`BROADCAST_BYTES` broadcast."""
     right = {
         join.alias: lookup.right_rows(
             storage, config.state_path(join.right), pinned[join.right], config.sources[join.right], join, None

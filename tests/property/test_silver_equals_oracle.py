@@ -14,7 +14,7 @@ Three tables: ``lhs`` joined to ``rhs`` on a composite foreign key ``(a, b)`` an
   more events, a column whose type widens (``rhs2.w``: int, then bigint with values past 2^31);
 - delivery in random batches, shuffled, with duplicates, late events, old events delivered
   again after newer ones, and garbage lines; runs and full refreshes killed after a random
-  step, then run again.
+  step, then run again; runs told to recompute (the cost rule's set-based plan).
 
 The oracle recomputes the join in plain Python from the delivered events. Examples:
 ``CDC_JOIN_PROPERTY_EXAMPLES`` (default 3; CI runs 12), or ``CDC_JOIN_PROPERTY_PROFILE=slow`` for 300
@@ -85,6 +85,10 @@ RUN_CRASHES = [
     "silver",
     "cleanup",
 ]
+# Tables this small always run incrementally by the cost rule: an example's runs are all left
+# to it, all told to recompute (the affected rows found by scanning the state tables instead of
+# looking up subscriptions), or each either way.
+PLANS = {"auto": ["auto"], "recompute": ["recompute"], "mixed": ["auto", "recompute"]}
 REFRESH_CRASHES = ["state:lhs", "state:rhs2", "subscription:rhs", "resolve", "silver"]
 PROFILE = os.environ.get("CDC_JOIN_PROPERTY_PROFILE", "")
 EXAMPLES = int(os.environ.get("CDC_JOIN_PROPERTY_EXAMPLES", "300" if PROFILE == "slow" else "3"))
@@ -257,9 +261,10 @@ def silver(pipeline) -> set[tuple]:
     payload_only=st.sets(st.sampled_from(sorted(TABLES))),
     batches=st.integers(2, 4),
     seed=st.integers(0, 2**32 - 1),
+    plans=st.sampled_from(sorted(PLANS)),
 )
 def test_silver_equals_oracle_after_every_completed_run(
-    spark, storage, ops, join_types, payload_only, batches, seed
+    spark, storage, ops, join_types, payload_only, batches, seed, plans
 ):
     rng = random.Random(seed)
     root = Path(tempfile.mkdtemp(prefix="cdc_join_property_"))
@@ -279,6 +284,10 @@ def test_silver_equals_oracle_after_every_completed_run(
     widen_batch = rng.randint(1, batches)  # from this batch on, rhs2.w is a bigint in the schema
     history = _history(ops, rng, batches, widen_batch)
     seeds = [_event("lhs", "c", "k0", _row("lhs", "k0", (None, None, None), rng, False), lsn) for lsn in (1,)]
+    # A left row no op changes, naming right keys ops do change: only right-driven updates
+    # (a lookup, or a recompute's scan) keep its silver row right.
+    named = (A_VALUES[0], B_VALUES[0], RHS2_KEYS[0])
+    seeds += [_event("lhs", "c", "k9", _row("lhs", "k9", named, rng, False), 4)]
     seeds += [_event("rhs", "c", (9, "z"), _row("rhs", (9, "z"), (), rng, False), 2)]
     seeds += [_event("rhs2", "c", 99, _row("rhs2", 99, (), rng, False), 3)]
     delivered: list[dict] = []
@@ -294,7 +303,7 @@ def test_silver_equals_oracle_after_every_completed_run(
         if number >= widen_batch:
             writer.tables["rhs2"]["w"] = "int64"
         delivered += _land(writer, now, rng)
-        _run_with_crashes(pipeline, rng)
+        _run_with_crashes(pipeline, rng, PLANS[plans])
         expected = oracle(delivered, join_types, set(payload_only))
         assert silver(pipeline) == expected, f"after batch {number}"
     assert pipeline.verify().ok
@@ -343,16 +352,16 @@ def _land(writer, events: list[dict], rng: random.Random) -> list[dict]:
     return landed
 
 
-def _run_with_crashes(pipeline, rng: random.Random) -> None:
+def _run_with_crashes(pipeline, rng: random.Random, plans: list[str]) -> None:
     """One completed run (sometimes a full refresh), after a killed run or refresh sometimes."""
     roll = rng.random()
     if roll < 0.25:
         with contextlib.suppress(SimulatedCrash):
-            pipeline.run(crash_after=rng.choice(RUN_CRASHES))
+            pipeline.run(crash_after=rng.choice(RUN_CRASHES), plan=rng.choice(plans))
     elif roll < 0.4:
         with contextlib.suppress(SimulatedCrash):
             pipeline.full_refresh(crash_after=rng.choice(REFRESH_CRASHES))
     if rng.random() < 0.15:
         pipeline.full_refresh()
     else:
-        pipeline.run()
+        pipeline.run(plan=rng.choice(plans))

@@ -208,12 +208,62 @@ def test_forced_plans_give_the_same_silver_and_say_why(tmp_path, spark, storage)
         assert decision["decision"] == plan
         seen[plan] = decision["reason"]
         assert pipeline.verify().ok, plan
-        assert (report.steps["resolve"]["affected_keys"] == "all") == (plan == "recompute")
+        # A recompute finds the left rows naming a changed right key by a scan of the left
+        # state, not by a lookup: either way "a" (changed), "b" and "c" (naming rhs 1).
+        assert ("skipped" in report.steps.get("lookup:rhs", {})) == (plan == "recompute")
+        assert report.steps["resolve"]["affected_keys"] == 3
     # Left alone, the rule keeps runs over a tiny left table incremental.
     assert seen["recompute"].startswith("forced by plan=recompute")
     assert not seen["incremental"].startswith("forced")
     with pytest.raises(ValueError, match="plan"):
         pipeline.run(plan="fastest")
+
+
+@pytest.mark.parametrize("join_type", ["inner", "left"])
+def test_a_recompute_follows_right_changes_to_left_rows_that_did_not_change(
+    tmp_path, spark, storage, join_type
+):
+    """The cost rule's recompute finds the left rows naming changed right keys by a scan of the
+    left state: rows that did not change themselves follow a right update, delete and truncate;
+    a left row naming no changed right key is not recomputed."""
+    pipeline, w = make_pipeline(tmp_path, spark, storage, join_type=join_type)
+    w.write("rhs", [w.upsert("rhs", {"id": i, "value": f"r{i}"}, i) for i in (1, 2, 3)])
+    fks = {"a": 1, "b": 1, "c": 2, "d": None, "e": 3, "f": 3}
+    events = [w.upsert("lhs", {"id": k, "fk": fk, "v": 0}, 10 + n) for n, (k, fk) in enumerate(fks.items())]
+    w.write("lhs", events)
+    pipeline.run()
+    # rhs 1 updated, rhs 2 deleted, rhs 3 updated; "f" moved from 3 to 1 earlier, "e" now.
+    w.write("lhs", [w.upsert("lhs", {"id": "f", "fk": 1, "v": 1}, 20)])
+    pipeline.run()
+    w.write("rhs", [w.upsert("rhs", {"id": 1, "value": "r1*"}, 30), w.delete("rhs", {"id": 2}, 31)])
+    w.write("rhs", [w.upsert("rhs", {"id": 3, "value": "r3*"}, 32)])
+    w.write("lhs", [w.upsert("lhs", {"id": "e", "fk": 1, "v": 2}, 33)])
+    report = pipeline.run(plan="recompute")
+    assert report.steps["plan"]["decision"] == "recompute"
+    assert "skipped" in report.steps["lookup:rhs"]
+    # e (changed), a, b and f (name rhs 1), c (names rhs 2); f's old row names rhs 3 too.
+    assert report.steps["resolve"]["affected_keys"] == 5
+    rows = {
+        ("a", 1, 0, "r1*"),
+        ("b", 1, 0, "r1*"),
+        ("c", 2, 0, None),
+        ("d", None, 0, None),
+        ("e", 1, 2, "r1*"),
+        ("f", 1, 1, "r1*"),
+    }
+    assert silver_rows(pipeline) == _joined(rows, join_type)
+    assert pipeline.verify().ok
+    # A truncate removes every right row; the rows it brings back rejoin by the same scan.
+    w.write("rhs", [w.event("rhs", "t", lsn=40), w.upsert("rhs", {"id": 2, "value": "r2+"}, 41)])
+    report = pipeline.run(plan="recompute")
+    rows = {(k, fk, v, "r2+" if fk == 2 else None) for k, fk, v, _ in rows}
+    assert silver_rows(pipeline) == _joined(rows, join_type)
+    assert pipeline.verify().ok
+
+
+def _joined(rows: set[tuple], join_type: str) -> set[tuple]:
+    """``(key, fk, v, value)`` rows as silver holds them: an inner join drops those without value."""
+    return rows if join_type == "left" else {r for r in rows if r[3] is not None}
 
 
 @pytest.mark.deep  # 18 runs; benchmarks/longevity.py runs the same policy for 1,000
