@@ -4,10 +4,12 @@ An incremental run costs in proportion to the left rows it affects: each changed
 plus every subscriber of each changed right key, goes through instructions, lookups, the stale
 check and the silver MERGE, and the change-set steps move those rows between Spark and the
 driver; on delta-rs its MERGEs also rewrite every state and silver file holding a changed key
-(copy-on-write), which for keys spread over the table is most files. A recompute reads every
-state row once, joins in Spark, rebuilds the subscription tables in fk order, compares the
-result with silver and MERGEs only the rows that differ (silver's change feed shows only real
-changes). Its cost follows the table size.
+(copy-on-write), which for keys spread over the table is most files. A recompute finds the
+same rows by set operations in Spark instead: one scan of the left state for the rows naming a
+changed right key (no subscription lookups, no stale check), the newest rows of the affected
+keys joined to the whole right state tables, one MERGE; its cost follows the table size more
+and the affected rows less. (A first run, a changed silver definition and a full refresh
+compute every silver row instead, and MERGE only those that differ from silver.)
 
 The rule: estimate the affected left rows as
 
@@ -22,11 +24,12 @@ or when there is no previous run to be incremental from — provided the left st
 least :data:`RECOMPUTE_MIN_ROWS` rows: below that a run's fixed cost dominates whichever path
 it takes, and the incremental path is the one that keeps its instructions.
 
-Where the two terms come from: an incremental run costs about ``a_i + b_i × affected`` plus a
-part that grows with the tables (copy-on-write MERGEs), a recompute ``a_r + b_r × left rows``.
-The recompute wins once ``affected ≥ (a_r − a_i) / b_i + (b_r − d_i) / b_i × left rows``: a
-fixed number of rows (the recompute's larger fixed cost, in affected rows an incremental run
-handles in the same time) plus a share of the table. Both are fitted from the TPC-H benchmark
+Where the two terms come from: both plans pay the run's fixed costs and grow with the rows
+they affect; the recompute spends more per left row (its scan of the left state) and less per
+affected row (no lookups, no stale check, rows built in Spark). Measured, the recompute costs
+about ``a + c × left rows − d × affected`` more than an incremental run, so it wins once
+``affected ≥ a / d + c / d × left rows``: a fixed number of rows (its extra fixed cost, in
+affected rows) plus a share of the table. Both are fitted from the TPC-H benchmark
 (``benchmarks/README.md``, "The cost rule"). ``Pipeline.run(plan=...)`` / ``cdc-join run
 --plan`` override the rule.
 """
@@ -45,15 +48,15 @@ from cdc_join.storage import Storage
 PLANS = ("auto", "incremental", "recompute")
 #: Recompute when the estimated affected left rows reach RECOMPUTE_FIXED_ROWS plus this share
 #: of the left state's rows. Fitted from the TPC-H benchmark (benchmarks/README.md, "The cost
-#: rule"; 2 cores, delta-rs, medians of 3): incremental 2.6 s for 600 affected rows and 5.7 s
-#: for 6,044 at 150,000 orders, 6.7 s for 6,000 at 1.5 M (about 2.15 s + 0.57 ms per affected
-#: row + 0.7 µs per left row); recompute 5.1 s at 154,500 orders and 16.5 s at 1.5 M (about
-#: 3.8 s + 8.5 µs per left row). Per left row a recompute costs 7.8 µs more than an incremental
-#: run, what it spends on 0.014 affected rows; its extra fixed cost (1.6 s) is what an
-#: incremental run spends on about 3,000 affected rows.
-RECOMPUTE_SHARE = 0.014
-#: ... plus this many rows: what a recompute's larger fixed cost buys an incremental run.
-RECOMPUTE_FIXED_ROWS = 3_000
+#: rule"; 2 cores, delta-rs, 2026-11-25, both plans forced on the same workloads): at 150,000
+#: orders the two cost the same for 6,000 and for 58,000 affected rows (3.7 and 9.5 s); at 1.5 M
+#: the recompute costs 2.6 s more for 5,800 (7.8 against 5.2 s) and 2.5 s more for 60,000, and
+#: 1.9 s less for 571,000 (35.1 against 37.0 s). Least squares: the recompute costs 0.07 s +
+#: 1.8 µs per left row − 8.1 µs per affected row more, so it wins from 8,500 rows plus 22% of
+#: the left rows on.
+RECOMPUTE_SHARE = 0.22
+#: ... plus this many rows: what a recompute's extra fixed cost buys an incremental run.
+RECOMPUTE_FIXED_ROWS = 8_500
 #: ... and the left state has at least this many rows.
 RECOMPUTE_MIN_ROWS = 10_000
 

@@ -11,7 +11,8 @@ answer for themselves (their own instructions replace their subscriptions).
 
 Rows are then built (:func:`build_rows`) for the affected keys from the current left row and,
 per join, the current right row its foreign key names (a foreign key with a null part names
-none): the same builder makes every silver row, whether a run recomputes a few keys or the
+none): the same builder makes every silver row, whether a run recomputes a few keys, the keys
+a large batch affects found by scanning the state tables (:func:`recompute_affected`), or the
 whole join (:func:`recompute`).
 """
 
