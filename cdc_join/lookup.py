@@ -29,6 +29,8 @@ from cdc_join.tables import DELETED, LHS_HASH, SEQ, fk_columns, pk_columns
 
 RIGHT = "_right"
 RIGHT_SEQ = "_right_seq"
+#: Changed right keys up to this many are broadcast to the scan of the left state.
+BROADCAST_KEYS = 1_000_000
 
 
 def right_rows(
@@ -103,7 +105,8 @@ def left_keys_naming(
     the join that builds silver rows (a null part matches nothing).
     """
     stored = storage.read(config.state_path(config.left), version)
-    named = F.broadcast(changed.frame)
+    # Broadcast unless the keys are many (a truncate of a large right table changes all of them).
+    named = F.broadcast(changed.frame) if changed.rows <= BROADCAST_KEYS else changed.frame
     on = functools.reduce(
         operator.and_,
         [

@@ -199,9 +199,13 @@ class Pipeline:
         scanned = "recompute: the left rows naming changed right keys are found by a scan of the left state"
         for join in cfg.joins:
             report.steps[f"lookup:{join.alias}"] = {"skipped": scanned}
+        right_changed = {j.alias: applied[j.right].changes for j in cfg.joins}
+        found = resolve.recompute_affected(store, cfg, left_changed, right_changed, pinned, run_id)
+        if found is not None and silver.reshapes(store, cfg, found):
+            # A column silver cannot take as it is: the whole join replaces silver's rows.
+            self._recompute(pinned, report, begin, left_changed)
+            return
         with report.step("resolve") as counts:
-            right_changed = {j.alias: applied[j.right].changes for j in cfg.joins}
-            found = resolve.recompute_affected(store, cfg, left_changed, right_changed, pinned, run_id)
             rows = None if found is None else materialize(found)
             counts["affected_keys"] = 0 if rows is None else rows.rows
         with report.step("silver") as counts:

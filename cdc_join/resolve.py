@@ -34,7 +34,7 @@ from cdc_join.changeset import ChangeSet, materialize, same_values
 from cdc_join.config import JoinConfig, JoinType, PipelineConfig
 from cdc_join.errors import ConfigError, config_errors
 from cdc_join.lookup import RIGHT, RIGHT_SEQ
-from cdc_join.schemas import quote
+from cdc_join.schemas import quote, quoted
 from cdc_join.state import value_fields
 from cdc_join.storage import Storage
 from cdc_join.tables import (
@@ -365,10 +365,13 @@ def recompute_affected(
             hits.append(lookup.left_keys_naming(storage, config, join, changed, version))
     if not hits:
         return None
-    # A key listed twice is read once: a semi-join keeps each state row at most once.
+    # A key listed twice is read once: a semi-join keeps each state row at most once. It puts
+    # the key columns first; the row's own order is restored, since ``select`` may depend on it
+    # (``to_json(orders)``).
     affected = functools.reduce(DataFrame.unionByName, hits)
     stored = storage.read(config.state_path(config.left), version)
-    left_rows = state.newest(stored.join(affected, key, "left_semi"), key)
+    in_scope = stored.join(affected, key, "left_semi").select(*quoted(stored.columns))
+    left_rows = state.newest(in_scope, key)
     return _build_from_whole_right(storage, config, left_rows, pinned, run_id)
 
 

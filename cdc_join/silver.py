@@ -165,6 +165,13 @@ def _replace(
     return {**NOTHING, "inserted": written.rows_inserted, "replaced": why}
 
 
+def reshapes(storage: Storage, config: PipelineConfig, rows: DataFrame) -> bool:
+    """Whether writing ``rows`` needs silver's rows and schema replaced (see :func:`write_all`):
+    silver has a column they lack, or one whose type cannot widen to theirs. Schemas only."""
+    path = config.silver_path
+    return storage.exists(path) and _reshaped(storage.schema(path), rows.drop(ACTION).schema)
+
+
 def _reshaped(current: StructType, wanted: StructType) -> bool:
     """Whether silver has a column ``wanted`` lacks, or one whose type cannot widen to it."""
     have = {f.name: f.dataType for f in current.fields}

@@ -261,6 +261,44 @@ def test_a_recompute_follows_right_changes_to_left_rows_that_did_not_change(
     assert pipeline.verify().ok
 
 
+def test_a_recompute_keeps_the_left_row_in_its_column_order(tmp_path, spark, storage):
+    """The key is not the left row's first column, and ``select`` shows the whole row: a
+    recompute builds the row with the columns in the source's order, as every other path does."""
+    tables = {"lhs": {"v": "int64", "id": "string", "fk": "int64"}, "rhs": {"id": "int64", "value": "string"}}
+    pipeline, w = make_pipeline(
+        tmp_path,
+        spark,
+        storage,
+        tables=tables,
+        primary_keys={"lhs": ["id"], "rhs": ["id"]},
+        select={"key": "lhs.id", "raw": "to_json(lhs)", "value": "rhs.value"},
+    )
+    w.write("rhs", [w.upsert("rhs", {"id": 1, "value": "r1"}, 1)])
+    w.write("lhs", [w.upsert("lhs", {"v": 7, "id": "a", "fk": 1}, 2)])
+    pipeline.run()
+    w.write("rhs", [w.upsert("rhs", {"id": 1, "value": "r1*"}, 3)])
+    pipeline.run(plan="recompute")
+    assert silver_rows(pipeline) == {("a", '{"v":7,"id":"a","fk":1}', "r1*")}
+    assert pipeline.verify().ok
+
+
+def test_a_recompute_replaces_a_silver_column_the_rows_do_not_have(tmp_path, spark, storage):
+    """A column added to silver by hand: the recompute computes the whole join and replaces
+    silver's rows and schema in one commit, as a full refresh does."""
+    pipeline, w = make_pipeline(tmp_path, spark, storage, join_type="left")
+    w.write("rhs", [w.upsert("rhs", {"id": 1, "value": "r1"}, 1)])
+    w.write("lhs", [w.upsert("lhs", {"id": k, "fk": 1, "v": 0}, 2 + n) for n, k in enumerate("ab")])
+    pipeline.run()
+    path = pipeline.config.silver_path
+    pipeline.storage.evolve(path, pipeline.storage.schema(path).add("note", "string"))
+    w.write("rhs", [w.upsert("rhs", {"id": 1, "value": "r1*"}, 5)])
+    report = pipeline.run(plan="recompute")
+    assert report.steps["silver"]["replaced"] == "columns dropped or retyped"
+    assert "note" not in pipeline.storage.schema(path).names
+    assert silver_rows(pipeline) == {("a", 1, 0, "r1*"), ("b", 1, 0, "r1*")}
+    assert pipeline.verify().ok
+
+
 def _joined(rows: set[tuple], join_type: str) -> set[tuple]:
     """``(key, fk, v, value)`` rows as silver holds them: an inner join drops those without value."""
     return rows if join_type == "left" else {r for r in rows if r[3] is not None}

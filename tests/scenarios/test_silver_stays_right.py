@@ -353,7 +353,7 @@ def test_a_deleted_right_row_stays_deleted_in_runs_and_full_refreshes(tmp_path, 
     pipeline.run()
     assert silver_rows(pipeline) == {(k, fk, 5 if k == "a" else v, r) for k, fk, v, r in want}
     w.write("lhs", [w.upsert("lhs", {"id": "c", "fk": 1, "v": 6}, 22)])
-    pipeline.run(plan="recompute")  # the whole join from the merge-on-read state tables
+    pipeline.run(plan="recompute")  # the affected rows from the merge-on-read state tables
     want = {(k, fk, {"a": 5, "c": 6}.get(k, v), r) for k, fk, v, r in want}
     assert silver_rows(pipeline) == want
     pipeline.full_refresh()

@@ -9,7 +9,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from cdc_join.changeset import ChangeSet, arrow_schema
 from cdc_join.config import parse_config
-from cdc_join.resolve import ORPHAN, STALE, build_rows, check
+from cdc_join.resolve import ORPHAN, STALE, build_rows, check, recompute_affected
 from cdc_join.state import state_schema
 
 ROW = StructType(
@@ -25,11 +25,11 @@ SUBSCRIBERS = StructType(
 )
 
 
-def _config(join_type: str = "left"):
+def _config(join_type: str = "left", lake: str = "lake"):
     return parse_config(
         {
             "name": "p",
-            "lake": "lake",
+            "lake": lake,
             "sources": {
                 "lhs": {"landing": "l", "primary_key": ["id"]},
                 "rhs": {"landing": "r", "primary_key": ["id"]},
@@ -137,3 +137,59 @@ def test_rows_are_upserts_or_deletes_by_join_type(spark, join_type, expected):
     assert {r["_pk_id"]: (r["_action"], r["value"]) for r in rows} == expected
     assert {r["_run_id"] for r in rows} == {7}
     assert {r["_pk_id"]: r["_seq_rhs"] for r in rows}["a"] == "3"
+
+
+RIGHT_ROW = StructType([StructField("id", LongType()), StructField("value", StringType())])
+
+
+def test_a_recompute_builds_the_rows_of_changed_left_keys_and_of_every_key_naming_a_changed_right_key(
+    tmp_path, spark, storage
+):
+    config = _config("inner", lake=str(tmp_path / "lake"))
+    left_path, right_path = config.state_path("lhs"), config.state_path("rhs")
+    storage.create(left_path, STATE, cdf=False)
+    storage.append(
+        left_path,
+        spark.createDataFrame(
+            [
+                _state_row("a", 1),
+                _state_row("b", 2),
+                _state_row("c", 2),  # changed in the run
+                _state_row("n", None),
+                _state_row("f", 3),
+                _state_row("f", 1, seq="6"),  # f's newest row names the changed key
+                _state_row("d", 1),
+                _state_row("d", deleted=True, seq="6"),  # d's older row named it
+                _state_row("g", 1),
+                _state_row("g", 2, seq="6"),  # g moved away from it
+            ],
+            STATE,
+        ),
+    )
+    right_state = state_schema(RIGHT_ROW)
+    storage.create(right_path, right_state, cdf=False)
+    rights = [{**_state_row(None), "id": i, "value": f"r{i}", "fk": None, "v": None} for i in (1, 2, 3)]
+    storage.append(
+        right_path,
+        spark.createDataFrame(
+            [{k: v for k, v in r.items() if k in right_state.names} for r in rights], right_state
+        ),
+    )
+    pinned = {"lhs": storage.version(left_path), "rhs": storage.version(right_path)}
+    left_changed = _set(spark, StructType([StructField("id", StringType())]), [{"id": "c"}])
+    right_changed = {"rhs": _set(spark, StructType([StructField("id", LongType())]), [{"id": 1}])}
+
+    rows = recompute_affected(storage, config, left_changed, right_changed, pinned, run_id=9).collect()
+
+    # n names nothing; b names only an unchanged right key. g's row is recomputed for its old
+    # foreign key and comes out as it is (the MERGE then finds nothing to change).
+    assert {r["_pk_id"]: (r["_action"], r["value"]) for r in rows} == {
+        "a": ("upsert", "r1"),
+        "c": ("upsert", "r2"),
+        "d": ("delete", None),
+        "f": ("upsert", "r1"),
+        "g": ("upsert", "r2"),
+    }
+    nothing = _set(spark, StructType([StructField("id", StringType())]), [])
+    none = {"rhs": _set(spark, StructType([StructField("id", LongType())]), [])}
+    assert recompute_affected(storage, config, nothing, none, pinned, run_id=9) is None
