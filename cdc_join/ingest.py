@@ -809,9 +809,24 @@ def read_lines(spark: SparkSession, files: Sequence[LandedFile]) -> DataFrame:
         numbered = _whole_files(spark, paths, path)
     else:
         numbered = _in_splits(spark, paths, path)
-    # A byte-order mark would make the first line invalid JSON; a \r is left by CRLF endings.
-    value = "regexp_replace(value, '^\\\\x{FEFF}|\\\\r$', '') AS value"
-    return numbered.selectExpr(f"{name} AS _file", "_line", value)
+    return numbered.selectExpr(f"{name} AS _file", "_line", f"{_without_bom_and_cr('value')} AS value")
+
+
+#: Characters before which (at the end of a line) Java's ``$`` also matches.
+_LINE_TERMINATORS = ("\r", "\u0085", "\u2028", "\u2029")
+
+
+def _without_bom_and_cr(value: str) -> str:
+    """``value`` without a leading byte-order mark (it would make the line invalid JSON) and a
+    ``\\r`` at its end (left by CRLF endings).
+
+    The regular expression runs only on lines it can change: one that starts with ``{`` (every
+    event) and does not end in a line terminator has no byte-order mark and no ``\\r`` that
+    ``\\r$`` matches. Run on every 480-byte line of a large batch it cost 1.8 s of 226 MB.
+    """
+    replaced = f"regexp_replace({value}, '^\\\\x{{FEFF}}|\\\\r$', '')"
+    ends = " OR ".join(f"endswith({value}, {lit(c)})" for c in _LINE_TERMINATORS)
+    return f"CASE WHEN startswith({value}, '{{') AND NOT ({ends}) THEN {value} ELSE {replaced} END"
 
 
 def _whole_files(spark: SparkSession, paths: list[str], path: str) -> DataFrame:

@@ -157,7 +157,7 @@ def _stage(lines: DataFrame) -> DataFrame:
     """Parse each line; find its payload, schema, op and a first reason to reject it."""
     # A blank line (spaces, tabs) is no event; trim() alone strips only spaces.
     parsed = (
-        lines.filter("NOT value RLIKE '^\\\\s*$'")
+        lines.filter(f"NOT {_blank('value')}")
         .selectExpr("_file", "_line", "value", f"{_whole_json_array()} AS __arr")
         .selectExpr("_file", "_line", "value", f"{_whole_json()} AS __v")
     )
@@ -180,6 +180,15 @@ def _stage(lines: DataFrame) -> DataFrame:
         .selectExpr("*", f"{_base_reason()} AS __base_reason", f"{_is_event()} AS __event")
         .drop("__v")
     )
+
+
+def _blank(value: str) -> str:
+    """SQL: the line holds only white space (Java's ``\\s``, and a final line terminator).
+
+    A line starting with ``{`` (every event) is not blank, which spares almost every line the
+    regular expression (1.8 s of a 226 MB batch when run on every line).
+    """
+    return f"(NOT startswith({value}, '{{') AND {value} RLIKE '^\\\\s*$')"
 
 
 def _whole_json_array() -> str:

@@ -114,6 +114,38 @@ def test_lines_are_numbered_exactly_from_one(spark, tmp_path, monkeypatch, split
     ]
 
 
+# (line, the line without a byte-order mark and CR, blank?): Java's regex semantics, where `$`
+# also matches before a final line terminator (\r, \u0085, \u2028, \u2029).
+LINE_CLEANING = [
+    ('{"n": 1}', '{"n": 1}', False),
+    ('{"n": 1}\r', '{"n": 1}', False),
+    ('{"n": 1}\r\r', '{"n": 1}', False),
+    ('{"n": 1}\r\u2028', '{"n": 1}\u2028', False),
+    ('{"n": 1}\u2028', '{"n": 1}\u2028', False),
+    ('\ufeff{"n": 1}', '{"n": 1}', False),
+    ("\ufeff\r", "", False),
+    (" {}", " {}", False),
+    ("x\r", "x", False),
+    ("{\r", "{", False),
+    ("", "", True),
+    (" \t", " \t", True),
+    (" \u2028", " \u2028", True),
+    ("\x0b \x0c", "\x0b \x0c", True),
+    ("\r", "", True),
+]
+
+
+def test_a_byte_order_mark_and_a_final_cr_are_dropped_and_blank_lines_found_as_the_regex_would(spark):
+    from cdc_join.debezium.envelope import _blank
+    from cdc_join.ingest import _without_bom_and_cr
+
+    rows = [(i, v) for i, (v, _, _) in enumerate(LINE_CLEANING)]
+    lines = spark.createDataFrame(rows, "i int, value string")
+    got = lines.selectExpr("i", f"{_without_bom_and_cr('value')} AS cleaned", f"{_blank('value')} AS blank")
+    got_rows = {r.i: (r.cleaned, r.blank) for r in got.collect()}
+    assert [got_rows[i] for i in range(len(LINE_CLEANING))] == [(c, b) for _, c, b in LINE_CLEANING]
+
+
 @pytest.mark.parametrize("crash_after", ["bronze", "quarantine"])
 def test_a_run_killed_between_writes_is_completed_exactly_once_by_the_next(
     spark, storage, landed, crash_after
