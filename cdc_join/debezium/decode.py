@@ -51,6 +51,7 @@ from cdc_join.debezium.sql import (
     ddl,
     get,
     ident,
+    is_number_kind,
     is_object,
     json_text,
     key,
@@ -245,7 +246,7 @@ def decode_json_sql(x: str, target: DataType, names: Names) -> str:
     if isinstance(target, DecimalType):
         return _exact_decimal_sql(x, target)
     if isinstance(target, (FloatType, DoubleType)):
-        return f"CASE WHEN {json_kind} RLIKE '^(BIGINT|DECIMAL|DOUBLE|FLOAT)' THEN {read} END"
+        return f"CASE WHEN {is_number_kind(json_kind)} THEN {read} END"
     if isinstance(target, BooleanType):
         return f"CASE WHEN {json_kind} = 'BOOLEAN' THEN {read} END"
     if isinstance(target, DateType):  # Debezium writes a date as days since 1970 (io.debezium.time.Date)
@@ -395,7 +396,7 @@ def _image_sql(tag: str, image: str, row: StructType) -> str:
     if not row.fields:
         return f"CAST(NULL AS {ddl(row)})"
     args = ", ".join(f"{lit(f.name)}, __d{tag}{i}" for i, f in enumerate(row))
-    return f"CASE WHEN __event AND {is_object(get('__p', '.' + image))} THEN named_struct({args}) END"
+    return f"CASE WHEN __event AND {is_object('__p', '.' + image)} THEN named_struct({args}) END"
 
 
 def _decode_reason_sql(

@@ -25,7 +25,18 @@ from dataclasses import dataclass
 from pyspark.sql import DataFrame
 
 from cdc_join.config import SourceConfig
-from cdc_join.debezium.sql import Names, absent, as_type, get, json_text, kind, lit, present, steps
+from cdc_join.debezium.sql import (
+    Names,
+    absent,
+    as_type,
+    get,
+    is_number_kind,
+    json_text,
+    kind,
+    lit,
+    present,
+    steps,
+)
 from cdc_join.errors import ConfigError, InputError
 
 SEQ_SEPARATOR = "\u0001"
@@ -175,7 +186,9 @@ def _encode_component(v: str) -> str:
     encoded = f"transform({array}, {element} -> {_encode_scalar(present(element))})"
     joined = f"array_join(transform({encoded}, x -> coalesce(x, '')), chr(2))"
     complete = f"NOT exists(zip_with({array}, {encoded}, (r, x) -> NOT {absent('r')} AND x IS NULL), b -> b)"
-    return f"CASE WHEN {array} IS NULL THEN {_encode_scalar(v)} WHEN {complete} THEN {joined} END"
+    # An integer (what connectors write) is no array: its text is not read at all.
+    scalar = f"{kind(v)} = 'BIGINT' OR {array} IS NULL"
+    return f"CASE WHEN {scalar} THEN {_encode_scalar(v)} WHEN {complete} THEN {joined} END"
 
 
 def _encode_scalar(v: str) -> str:
@@ -189,8 +202,13 @@ def _encode_scalar(v: str) -> str:
     integral = f"({json_kind} = 'BIGINT' OR {json_kind} RLIKE '^DECIMAL\\\\(\\\\d+,0\\\\)$')"
     numeric = f"({integral} OR ({json_kind} = 'STRING' AND {text} RLIKE '^[0-9]+$'))"
     fits = f"({text} RLIKE '^[0-9]+$' AND length({digits}) <= {SEQ_DIGITS})"
+    # An integer takes no text and no regular expression (once per event): a negative one
+    # becomes NULL through greatest/nullif, and its digits have no leading zeros.
+    whole = f"try_variant_get({v}, '$', 'bigint')"
+    integer = f"lpad(CAST(nullif(greatest({whole}, -1), -1) AS STRING), {SEQ_DIGITS}, '0')"
     return (
         f"CASE WHEN {v} IS NULL THEN NULL "
+        f"WHEN {json_kind} = 'BIGINT' THEN {integer} "
         f"WHEN {numeric} THEN CASE WHEN {fits} THEN lpad({digits}, {SEQ_DIGITS}, '0') END "
-        f"WHEN {json_kind} RLIKE '^(BIGINT|DECIMAL|DOUBLE|FLOAT)' THEN NULL ELSE {text} END"
+        f"WHEN {is_number_kind(json_kind)} THEN NULL ELSE {text} END"
     )

@@ -60,9 +60,22 @@ def kind(v: str) -> str:
     return f"schema_of_variant({v})"
 
 
-def is_object(v: str) -> str:
-    """SQL: ``v`` is a JSON object."""
-    return f"({as_type(v, 'struct<>')} IS NOT NULL)"
+def is_number_kind(json_kind: str) -> str:
+    """SQL: a :func:`kind` names a number (``BIGINT``, ``DECIMAL(p,s)``, ``DOUBLE``, ``FLOAT``).
+
+    Prefix tests, not a regular expression: this runs once per value of a large batch.
+    """
+    prefixes = ("BIGINT", "DECIMAL", "DOUBLE", "FLOAT")
+    return "(" + " OR ".join(f"startswith({json_kind}, {lit(p)})" for p in prefixes) + ")"
+
+
+def is_object(v: str, steps: str = "") -> str:
+    """SQL: ``v`` (or the value at ``$<steps>`` of it) is a JSON object.
+
+    With ``steps`` the value is read in place: ``is_object(get(v, steps))`` would first copy it
+    into a variant of its own (0.3 s per image of a 470,000-event batch).
+    """
+    return f"(try_variant_get({v}, {lit('$' + steps)}, 'struct<>') IS NOT NULL)"
 
 
 def json_text(v: str) -> str:

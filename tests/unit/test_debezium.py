@@ -671,6 +671,23 @@ def test_configured_sequence_numbers_arrays_and_rejected_values(spark):
     assert order_of(outcome) == [4, 3, 1, 2]
 
 
+def test_sequence_integers_at_the_edges_encode_as_their_digits(spark):
+    values = [0, -1, 9223372036854775807, "007", 18446744073709551615, 10**20]
+    texts = [event("c", {"id": 1}, ts_ms=v) for v in values]
+    outcome = parse(text_lines(spark, texts), source("id", sequence_by=("ts_ms",)))
+    assert {line: e._seq for (_, line), e in outcome.events.items()} == {
+        1: seq(padded(0)),
+        3: seq(padded(9223372036854775807)),
+        4: seq(padded(7)),
+        5: seq(padded(18446744073709551615)),  # past a long: a decimal, still an integer
+    }
+    problem = " is not a non-negative integer of at most 20 digits, nor a string"
+    assert outcome.quarantine == {
+        ("batch.jsonl", 2): f"sequence value -1{problem}",
+        ("batch.jsonl", 6): f"sequence value 100000000000000000000{problem}",
+    }
+
+
 # -- JSON nulls and type changes --------------------------------------------------------------
 
 NULLABLE_CONNECT_FIELDS = [
