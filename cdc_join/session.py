@@ -19,11 +19,22 @@ LOCAL_DEFAULTS = {
     "spark.sql.adaptive.enabled": "true",
     "spark.driver.memory": "4g",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
+    # HotSpot leaves a method of more than 8,000 bytes of bytecode interpreted for good, and
+    # whole-stage code generation writes such methods for wide projections (ingest decodes every
+    # column of both images in one). Measured on the ingest of 472,540 events, warm: 24 s → 18.5 s.
+    "spark.driver.extraJavaOptions": "-XX:-DontCompileHugeMethods",
 }
 
 
 #: Settings a Connect client cannot change on a running session (Spark warns and ignores them).
-_STARTUP_ONLY = frozenset({"spark.driver.memory", "spark.ui.enabled", "spark.ui.showConsoleProgress"})
+_STARTUP_ONLY = frozenset(
+    {
+        "spark.driver.memory",
+        "spark.driver.extraJavaOptions",
+        "spark.ui.enabled",
+        "spark.ui.showConsoleProgress",
+    }
+)
 
 
 def get_spark(
