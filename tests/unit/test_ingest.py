@@ -114,6 +114,24 @@ def test_lines_are_numbered_exactly_from_one(spark, tmp_path, monkeypatch, split
     ]
 
 
+@pytest.mark.parametrize("split_read_bytes", [0, 1 << 30], ids=["in splits", "whole files"])
+def test_malformed_utf8_in_a_line_becomes_the_replacement_character(
+    spark, tmp_path, monkeypatch, split_read_bytes
+):
+    import cdc_join.ingest as ingest
+
+    monkeypatch.setattr(ingest, "SPLIT_READ_BYTES", split_read_bytes)
+    folder = tmp_path / "landing"
+    folder.mkdir()
+    (folder / "bad.jsonl").write_bytes(b'{"a": "\xff"}\n{"b": 1}\n')
+    lines = read_lines(spark, list_landing(spark, str(folder)))
+    checked = lines.selectExpr("_line", "value", "is_valid_utf8(value) AS valid").collect()
+    assert sorted((r._line, r.value, r.valid) for r in checked) == [
+        (1, '{"a": "\ufffd"}', True),
+        (2, '{"b": 1}', True),
+    ]
+
+
 # (line, the line without a byte-order mark and CR, blank?): Java's regex semantics, where `$`
 # also matches before a final line terminator (\r, \u0085, \u2028, \u2029).
 LINE_CLEANING = [
@@ -122,6 +140,8 @@ LINE_CLEANING = [
     ('{"n": 1}\r\r', '{"n": 1}', False),
     ('{"n": 1}\r\u2028', '{"n": 1}\u2028', False),
     ('{"n": 1}\u2028', '{"n": 1}\u2028', False),
+    ('{"n": 1}\r\u0085', '{"n": 1}\u0085', False),
+    ('{"n": 1}\r\u2029', '{"n": 1}\u2029', False),
     ('\ufeff{"n": 1}', '{"n": 1}', False),
     ("\ufeff\r", "", False),
     (" {}", " {}", False),
