@@ -33,6 +33,7 @@ from cdc_join.debezium.decode import IMAGES, SchemaGroup, decode_images, plan_ro
 from cdc_join.debezium.sequence import (
     DEFAULT_FIELDS,
     SequenceRule,
+    decided_fields,
     require_sequence,
     sequence_rule,
     with_sequence,
@@ -127,7 +128,7 @@ def parse_events(
     if cache:
         staged = staged.persist()
     try:
-        stats = _batch_stats(staged, source.sequence_by)
+        stats = _batch_stats(staged, decided_fields(source, recorded))
         rule = sequence_rule(source, stats.connectors, recorded)
         require_sequence(source, rule, stats.events, stats.present)
     except BaseException:
@@ -242,15 +243,17 @@ class _Stats:
     present: Mapping[str, int]  # payload path → number of events that have it
 
 
-def _batch_stats(staged: DataFrame, sequence_by: Iterable[str]) -> _Stats:
+def _batch_stats(staged: DataFrame, sequence_fields: Iterable[str] | None) -> _Stats:
     """Collect per-schema facts of the batch's events to the driver in one job.
 
     What comes back is bounded by the number of DISTINCT Kafka Connect schemas (schema
     versions) in the batch, not by its rows: each schema's text once, plus a few counts.
+    ``sequence_fields``: the sequence rule's fields when it is already decided, else ``None``:
+    then every connector's default fields are counted and the events' connectors collected.
     """
-    fields = sorted(
-        {f for fs in DEFAULT_FIELDS.values() for f in fs} | {"after", "before"} | set(sequence_by)
-    )
+    undecided = sequence_fields is None
+    defaults = {f for fs in DEFAULT_FIELDS.values() for f in fs}
+    fields = sorted((defaults if undecided else set(sequence_fields or ())) | {"after", "before"})
     schemaless = "__sid IS NULL"
     # Each field is read out of the payload once, in a projection: the aggregates below use
     # it twice (the images) or test it for both SQL NULL and JSON null.
@@ -261,10 +264,11 @@ def _batch_stats(staged: DataFrame, sequence_by: Iterable[str]) -> _Stats:
         f"schema_of_variant_agg(CASE WHEN {schemaless} THEN {values['after']} END) AS after",
         f"schema_of_variant_agg(CASE WHEN {schemaless} THEN {values['before']} END) AS before",
         f"min_by(CASE WHEN {schemaless} THEN value END, struct(_file, _line)) AS first_line",
-        "collect_set(try_variant_get(__p, '$.source.connector', 'string')) AS connectors",
         "count(1) AS events",
         *[f"count_if(NOT {absent(v)}) AS {ident('present:' + f)}" for f, v in values.items()],
     ]
+    if undecided:
+        aggregates.append("collect_set(try_variant_get(__p, '$.source.connector', 'string')) AS connectors")
     events = staged.filter("__event").selectExpr(
         "__sid",
         "__schema",
@@ -279,7 +283,8 @@ def _batch_stats(staged: DataFrame, sequence_by: Iterable[str]) -> _Stats:
     groups = tuple(_group(r) for r in rows)
     return _Stats(
         groups=groups,
-        connectors=frozenset(c for r in rows for c in r["connectors"]) | _schema_connectors(groups),
+        connectors=frozenset(c for r in rows for c in (r["connectors"] if undecided else ()))
+        | _schema_connectors(groups),
         events=sum(r["events"] for r in rows),
         present={f: sum(r[f"present:{f}"] for r in rows) for f in fields},
     )

@@ -671,6 +671,37 @@ def test_configured_sequence_numbers_arrays_and_rejected_values(spark):
     assert order_of(outcome) == [4, 3, 1, 2]
 
 
+def test_fields_decided_before_a_batch_are_those_of_the_rule_it_gets():
+    """The batch statistics read only ``decided_fields`` when they are known: they must be the
+    fields of the rule ``sequence_rule`` then picks, whatever connectors the batch names."""
+    from cdc_join.debezium.sequence import DEFAULT_FIELDS, decided_fields, sequence_rule
+    from cdc_join.errors import ConfigError
+
+    configs = [
+        source("id"),
+        source("id", sequence_by=("ts_ms",)),
+        source("id", sequence_by=("source.lsn", "ts_ms")),
+        *[source("id", connector=c) for c in ("postgresql", "mysql", "sqlserver", "oracle")],
+    ]
+    recorded_rules = [None, ("ts_ms",), DEFAULT_FIELDS["postgresql"], DEFAULT_FIELDS["mysql"]]
+    detected_sets = [(), ("mysql",), ("postgresql",), ("postgresql", "mysql")]
+    checked = 0
+    for config in configs:
+        for recorded in recorded_rules:
+            decided = decided_fields(config, recorded)
+            if decided is None:
+                assert not config.sequence_by and not config.connector and recorded is None
+                continue
+            for detected in detected_sets:
+                try:
+                    rule = sequence_rule(config, detected, recorded)
+                except ConfigError:
+                    continue  # the config's rule is not bronze's: the batch stops there
+                assert rule.fields == decided, (config, recorded, detected)
+                checked += 1
+    assert checked > 40
+
+
 def test_sequence_integers_at_the_edges_encode_as_their_digits(spark):
     values = [0, -1, 9223372036854775807, "007", 18446744073709551615, 10**20]
     texts = [event("c", {"id": 1}, ts_ms=v) for v in values]
