@@ -116,13 +116,12 @@ def decided_fields(source: SourceConfig, recorded: tuple[str, ...] | None) -> tu
     whatever connectors a batch names; ``None`` when the batch's connectors decide.
 
     A batch's statistics then read only these fields of each event (and not the connector),
-    not every connector's defaults: 2.5 → 1.6 s for 472,540 events.
+    not every connector's defaults: 2.5 → 1.6 s for 472,540 events. Raises what
+    :func:`sequence_rule` raises for a config whose rule is not bronze's.
     """
-    if source.sequence_by:
-        return tuple(source.sequence_by)
-    if source.connector:
-        return DEFAULT_FIELDS[source.connector if source.connector in DEFAULT_FIELDS else ""]
-    return recorded
+    if not source.sequence_by and not source.connector and recorded is None:
+        return None
+    return sequence_rule(source, (), recorded).fields
 
 
 def _recorded_rule(fields: tuple[str, ...]) -> SequenceRule:

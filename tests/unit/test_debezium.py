@@ -526,6 +526,20 @@ def test_no_sequence_field_in_any_event_is_an_input_error(spark):
         parse_events(text_lines(spark, texts), source("id", sequence_by=("source.lsn",)))
 
 
+def test_a_batch_of_several_connectors_needs_the_rule_named_unless_bronze_has_one(spark):
+    texts = [
+        event("c", {"id": 1}, source={"connector": "mysql", "file": "b.1", "pos": 4, "row": 0}),
+        event("c", {"id": 2}, source={"connector": "postgresql", "lsn": 7}),
+    ]
+    with pytest.raises(InputError, match=r"'src': events from several connectors \['mysql', 'postgresql'\]"):
+        parse_events(text_lines(spark, texts), source("id"))
+    # Named by the config, or recorded in bronze: the connectors do not matter.
+    named = parse_events(text_lines(spark, texts), source("id", connector="postgresql"))
+    assert named.sequence.fields == ("source.sequence", "source.lsn")
+    recorded = parse_events(text_lines(spark, texts), source("id"), recorded=("source.lsn",))
+    assert recorded.sequence.fields == ("source.lsn",)
+
+
 def test_inferred_types_stay_stable_across_batches(spark):
     first = parse(text_lines(spark, [event("c", {"id": 1, "amount": 5, "name": "a"}, ts_ms=1)]), source("id"))
     known = first.batch.row_schema
@@ -681,25 +695,29 @@ def test_fields_decided_before_a_batch_are_those_of_the_rule_it_gets():
         source("id"),
         source("id", sequence_by=("ts_ms",)),
         source("id", sequence_by=("source.lsn", "ts_ms")),
+        source("id", sequence_by=("ts_ms",), connector="mysql"),
         *[source("id", connector=c) for c in ("postgresql", "mysql", "sqlserver", "oracle")],
     ]
-    recorded_rules = [None, ("ts_ms",), DEFAULT_FIELDS["postgresql"], DEFAULT_FIELDS["mysql"]]
+    recorded_rules = [None, ("ts_ms",), *DEFAULT_FIELDS.values()]
     detected_sets = [(), ("mysql",), ("postgresql",), ("postgresql", "mysql")]
     checked = 0
     for config in configs:
         for recorded in recorded_rules:
-            decided = decided_fields(config, recorded)
+            try:
+                decided = decided_fields(config, recorded)
+            except ConfigError:
+                decided = "stops"  # the config's rule is not bronze's: so must sequence_rule say
             if decided is None:
                 assert not config.sequence_by and not config.connector and recorded is None
                 continue
             for detected in detected_sets:
                 try:
-                    rule = sequence_rule(config, detected, recorded)
+                    fields: object = sequence_rule(config, detected, recorded).fields
                 except ConfigError:
-                    continue  # the config's rule is not bronze's: the batch stops there
-                assert rule.fields == decided, (config, recorded, detected)
+                    fields = "stops"
+                assert fields == decided, (config, recorded, detected)
                 checked += 1
-    assert checked > 40
+    assert checked > 100
 
 
 def test_sequence_integers_at_the_edges_encode_as_their_digits(spark):
