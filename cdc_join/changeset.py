@@ -24,7 +24,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema as _to_arrow_schema
 from pyspark.sql.types import ArrayType, DataType, MapType, NullType, StringType, StructField, StructType
 
-from cdc_join.schemas import nullable, quote
+from cdc_join.schemas import ddl, nullable, quote, sql_string
 
 #: Attribute under which a frame carries its Arrow copy (read by the delta-rs backend, which
 #: would otherwise collect the frame to Arrow a second time).
@@ -98,6 +98,16 @@ class ChangeSet:
             chunks = [k.cast(target) for p in parts for k in p.table.column(c).chunks]
             arrays[c] = pa.chunked_array(chunks, target)
         return ChangeSet(first.spark, schema, distinct_rows(pa.table(arrays), columns))
+
+
+#: What a write takes: a lazy frame, or a change set, whose rows are on the driver already (the
+#: delta-rs backend writes those as they are, without a Spark frame over them).
+Rows = DataFrame | ChangeSet
+
+
+def frame_of(rows: Rows) -> DataFrame:
+    """A Spark frame of ``rows``."""
+    return rows.frame if isinstance(rows, ChangeSet) else rows
 
 
 def spark_frame(spark: SparkSession, table: pa.Table, schema: StructType) -> DataFrame:
@@ -263,14 +273,15 @@ def materialize_all(frames: Sequence[DataFrame]) -> list[ChangeSet]:
     """
     if len(frames) == 1:
         return [materialize(frames[0])]
-    # Every field nullable: a row of one frame holds nulls in the other frames' columns.
-    packed = [F.struct(*[_nullable_column(x.name, x.dataType) for x in f.schema]) for f in frames]
-    types = [f.select(p.alias("p")).schema["p"].dataType for f, p in zip(frames, packed, strict=True)]
+    # Every field nullable: a row of one frame holds nulls in the other frames' columns. SQL
+    # text, so a projection is one round trip to a classic session's JVM, not several a column.
+    types = [nullable(f.schema) for f in frames]
+    packed = [_nullable_struct_sql(f.schema) for f in frames]
     parts = [
-        frame.select(
-            F.lit(i).alias("__part"),
+        frame.selectExpr(
+            f"{i} AS __part",
             *[
-                (packed[j] if j == i else F.lit(None).cast(types[j])).alias(f"__p{j}")
+                f"{packed[j] if j == i else f'CAST(NULL AS {ddl(types[j])})'} AS __p{j}"
                 for j in range(len(frames))
             ],
         )
@@ -286,11 +297,16 @@ def materialize_all(frames: Sequence[DataFrame]) -> list[ChangeSet]:
     return out
 
 
-def _nullable_column(name: str, data_type: Any) -> Any:
-    # CASE WHEN without ELSE is nullable (a literal condition would be folded away), and the
-    # cast makes nested fields nullable too.
-    column = F.col(quote(name))
-    return F.when(column.isNotNull(), column.cast(nullable(data_type))).alias(name)
+def _nullable_struct_sql(schema: StructType) -> str:
+    """SQL of a struct of every column of ``schema``, each field nullable all the way down:
+    ``CASE WHEN`` without ``ELSE`` is nullable (a literal condition would be folded away), and
+    the cast to a type without ``NOT NULL`` makes nested fields nullable too."""
+    fields = ", ".join(
+        f"{sql_string(f.name)}, CASE WHEN {quote(f.name)} IS NOT NULL "
+        f"THEN CAST({quote(f.name)} AS {ddl(f.dataType)}) END"
+        for f in schema.fields
+    )
+    return f"named_struct({fields})" if fields else "struct()"
 
 
 def from_arrow(spark: SparkSession, schema: StructType, table: pa.Table) -> ChangeSet:

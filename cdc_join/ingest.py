@@ -517,7 +517,7 @@ def _write_all(
     _after(after_step, "bronze")
     if outcome.quarantine.rows:
         storage.create(config.quarantine_path, QUARANTINE_TABLE_SCHEMA, cdf=True)
-        storage.merge(config.quarantine_path, outcome.quarantine.frame, _QUARANTINE_MERGE)
+        storage.merge(config.quarantine_path, outcome.quarantine, _QUARANTINE_MERGE)
     _after(after_step, "quarantine")
     _append_log(
         spark, storage, config.ingest_log_path, source_name, pending, outcome.counts, outcome.ingested_at
@@ -534,7 +534,7 @@ def _after(hook: StepHook | None, step: str) -> None:
 def _write_bronze(storage: Storage, path: str, source_name: str, outcome: _Outcome) -> None:
     if not outcome.events.rows:
         return
-    rows = outcome.events.frame
+    rows = outcome.events
     if not storage.exists(path):
         if not outcome.row_schema.fields:
             raise InputError(
@@ -573,7 +573,7 @@ def _append_log(
     )
     if not storage.create(path, INGEST_LOG_SCHEMA, cdf=True):
         storage.evolve(path, INGEST_LOG_SCHEMA)  # a log written before it kept modified_at, content_md5
-    storage.append(path, from_arrow(spark, INGEST_LOG_SCHEMA, table).frame)
+    storage.append(path, from_arrow(spark, INGEST_LOG_SCHEMA, table))
 
 
 def _counts_by_file(lines: pa.Table) -> dict[str, _FileCounts]:

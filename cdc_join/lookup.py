@@ -48,12 +48,11 @@ def right_rows(
     """
     on = list(zip(right.primary_key, fk_columns(join), strict=True))
     rows = state.read_current(storage, path, right.primary_key, version, keys=fks, on=on if fks else None)
-    live = rows.filter(~F.col(DELETED))
-    values = state.value_fields(live.schema)
-    return live.select(
-        *[F.col(quote(pk)).alias(fk) for pk, fk in on],
-        F.struct(*[F.col(quote(f.name)) for f in values]).alias(RIGHT),
-        F.col(SEQ).alias(RIGHT_SEQ),
+    values = ", ".join(quote(f.name) for f in state.value_fields(rows.schema))
+    return rows.filter(f"NOT {DELETED}").selectExpr(
+        *[f"{quote(pk)} AS {quote(fk)}" for pk, fk in on],
+        f"struct({values}) AS {RIGHT}",
+        f"{SEQ} AS {RIGHT_SEQ}",
     )
 
 

@@ -178,8 +178,8 @@ class Pipeline:
             counts.update(stale_dropped=resolved.stale_dropped, affected_keys=resolved.affected_keys)
         with report.step("silver") as counts:
             if resolved.rows is not None:
-                expected = silver.prepare(store, cfg, resolved.rows.frame, begin.silver_version)
-                merged = silver.merge(store, cfg, resolved.rows.frame, expected_version=expected)
+                expected = silver.prepare(store, cfg, resolved.rows, begin.silver_version)
+                merged = silver.merge(store, cfg, resolved.rows, expected_version=expected)
                 counts.update(merged.as_counts())
             else:
                 counts.update(silver.NOTHING)
@@ -210,8 +210,8 @@ class Pipeline:
             counts["affected_keys"] = 0 if rows is None else rows.rows
         with report.step("silver") as counts:
             if rows is not None and rows.rows:
-                expected = silver.prepare(store, cfg, rows.frame, begin.silver_version)
-                counts.update(silver.merge(store, cfg, rows.frame, expected_version=expected).as_counts())
+                expected = silver.prepare(store, cfg, rows, begin.silver_version)
+                counts.update(silver.merge(store, cfg, rows, expected_version=expected).as_counts())
             else:
                 counts.update(silver.NOTHING)
         changed = subscription.instructions_all(left_changed, cfg)

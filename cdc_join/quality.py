@@ -733,7 +733,7 @@ def write_results(config: PipelineConfig, storage: Storage, report: QualityRepor
     table = pa.Table.from_pylist(
         [dict(zip(RESULTS_SCHEMA.names, r, strict=True)) for r in rows], arrow_schema(RESULTS_SCHEMA)
     )
-    storage.append(config.quality_path, from_arrow(storage.spark, RESULTS_SCHEMA, table).frame)
+    storage.append(config.quality_path, from_arrow(storage.spark, RESULTS_SCHEMA, table))
 
 
 def _json(value: Any) -> str:

@@ -18,14 +18,14 @@ whole join (:func:`recompute`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
-import operator
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, StructField, StructType
 
@@ -228,12 +228,12 @@ def build_rows(
         ``_action`` (``upsert``/``delete``). A foreign key with a null part matches no row.
     """
     left = config.left_source
-    values = [quote(f.name) for f in value_fields(left_rows.schema)]
-    rows = left_rows.select(
-        *[F.col(quote(c)).alias(p) for c, p in zip(left.primary_key, pk_columns(left), strict=True)],
-        F.struct(*values).alias(config.left),
-        F.col(SEQ).alias(lineage_column(config.left)),
-        F.col(DELETED),
+    values = ", ".join(quote(f.name) for f in value_fields(left_rows.schema))
+    rows = left_rows.selectExpr(
+        *[f"{quote(c)} AS {quote(p)}" for c, p in zip(left.primary_key, pk_columns(left), strict=True)],
+        f"struct({values}) AS {quote(config.left)}",
+        f"{SEQ} AS {quote(lineage_column(config.left))}",
+        DELETED,
     )
     for join in config.joins:
         right = right_rows[join.alias]
@@ -243,33 +243,32 @@ def build_rows(
 
 def _join_right(rows: DataFrame, config: PipelineConfig, join: JoinConfig, right: DataFrame) -> DataFrame:
     keys = [f"__{join.alias}__{f}" for f in fk_columns(join)]
-    renamed = right.select(
-        *[F.col(f).alias(k) for f, k in zip(fk_columns(join), keys, strict=True)],
-        F.col(RIGHT).alias(join.alias),
-        F.col(RIGHT_SEQ).alias(lineage_column(join.alias)),
+    renamed = right.selectExpr(
+        *[f"{quote(f)} AS {quote(k)}" for f, k in zip(fk_columns(join), keys, strict=True)],
+        f"{RIGHT} AS {quote(join.alias)}",
+        f"{RIGHT_SEQ} AS {quote(lineage_column(join.alias))}",
     )
-    on = functools.reduce(
-        operator.and_,
-        [F.col(f"{config.left}.{quote(c)}") == F.col(k) for c, k in zip(join.foreign_key, keys, strict=True)],
+    on = " AND ".join(
+        f"{quote(config.left)}.{quote(c)} = {quote(k)}" for c, k in zip(join.foreign_key, keys, strict=True)
     )
-    return rows.join(renamed, on, "left").drop(*keys)
+    return rows.join(renamed, F.expr(on), "left").drop(*keys)
 
 
 def _output(config: PipelineConfig, rows: DataFrame, run_id: int) -> DataFrame:
     """Silver rows from rows carrying one struct (or null) and one lineage column per alias."""
-    missing_inner: Column = F.lit(False)
-    for join in config.joins:
-        if join.type is JoinType.INNER:
-            missing_inner = missing_inner | F.col(join.alias).isNull()
-    action = F.when(F.col(DELETED) | missing_inner, F.lit("delete")).otherwise(F.lit("upsert"))
-    aliases = [config.left, *(j.alias for j in config.joins)]
-    return rows.select(
-        *[F.col(p).alias(f"_{p}") for p in pk_columns(config.left_source)],
-        *[F.expr(expr).alias(name) for name, expr in config.select],
-        *[F.col(lineage_column(a)) for a in aliases],
-        F.lit(run_id).cast("long").alias(RUN_ID),
-        action.alias(ACTION),
-    )
+    missing_inner = [f"{quote(j.alias)} IS NULL" for j in config.joins if j.type is JoinType.INNER]
+    action = f"CASE WHEN {' OR '.join([DELETED, *missing_inner])} THEN 'delete' ELSE 'upsert' END"
+    lineage = [lineage_column(a) for a in [config.left, *(j.alias for j in config.joins)]]
+    columns = [
+        *[(f"_{p}", quote(p)) for p in pk_columns(config.left_source)],
+        *config.select,
+        *[(c, quote(c)) for c in lineage],
+        (RUN_ID, f"CAST({int(run_id)} AS BIGINT)"),
+        (ACTION, action),
+    ]
+    # One expression each (a select entry as its user wrote it), all named in one call: a
+    # classic session pays a dozen round trips to the JVM for each ``alias``.
+    return rows.select(*[F.expr(sql) for _, sql in columns]).toDF(*[name for name, _ in columns])
 
 
 def select_schema(storage: Storage, config: PipelineConfig) -> StructType:
@@ -301,6 +300,17 @@ def select_schema(storage: Storage, config: PipelineConfig) -> StructType:
                 )
             )
     empty = storage.spark.createDataFrame([], rows)
+    if not problems:
+        # All expressions in one analysis (one round trip to the JVM, not one per expression);
+        # when one fails, each is analysed alone below, so that every failure is reported.
+        with contextlib.suppress(Exception):
+            found = empty.select(*[F.expr(expression) for _, expression in config.select]).schema
+            return StructType(
+                [
+                    StructField(name, f.dataType, f.nullable, f.metadata)
+                    for (name, _), f in zip(config.select, found.fields, strict=True)
+                ]
+            )
     known = "; ".join(
         f"{alias}: {', '.join(f.name for f in rows[alias].dataType.fields)}" for alias, _ in aliases
     )

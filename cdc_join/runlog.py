@@ -153,7 +153,7 @@ def commit_run(
         )
         storage.append(
             config.runs_path,
-            from_arrow(storage.spark, RUNS_SCHEMA, table).frame,
+            from_arrow(storage.spark, RUNS_SCHEMA, table),
             expected_version=expected_version,
         )
     except ConcurrentRunError as exc:

@@ -17,11 +17,11 @@ Debezium parser quarantines the values, a select change is reported as a config 
 
 from __future__ import annotations
 
+import itertools
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
-from pyspark.sql import Column, DataFrame
-from pyspark.sql import functions as F
+from pyspark.sql import DataFrame
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
@@ -178,38 +178,55 @@ def conform(df: DataFrame, target: StructType) -> DataFrame:
     """``df``'s rows in ``target``'s shape: columns in its order, types cast, missing ones null.
 
     Structs are rebuilt by field name (Spark casts structs by position), so a widened or added
-    nested field lands where ``target`` has it.
+    nested field lands where ``target`` has it. ``df`` itself when it has that shape already.
+    The projection is SQL text: one round trip to a classic session's JVM, where building it
+    from ``Column`` objects costs several per column.
     """
     have = {f.name: f.dataType for f in df.schema.fields}
-    return df.select(*[_conform(f, have) for f in target.fields])
-
-
-def _conform(field: StructField, have: dict[str, DataType]) -> Column:
-    if field.name not in have:
-        return F.lit(None).cast(field.dataType).alias(field.name)
-    return conform_column(F.col(quote(field.name)), have[field.name], field.dataType).alias(field.name)
-
-
-def conform_column(column: Column, current: DataType, target: DataType) -> Column:
-    """``column`` (of type ``current``) in the shape of ``target``; see :func:`conform`."""
-    if _strip(current) == _strip(target):
-        return column
-    if isinstance(current, StructType) and isinstance(target, StructType):
-        have = {f.name: f.dataType for f in current.fields}
-        parts = [
-            (
-                conform_column(column.getField(f.name), have[f.name], f.dataType)
-                if f.name in have
-                else F.lit(None).cast(f.dataType)
-            ).alias(f.name)
+    if list(have) == target.names and all(_strip(have[f.name]) == _strip(f.dataType) for f in target.fields):
+        return df
+    lambdas = itertools.count()
+    return df.selectExpr(
+        *[
+            f"{conform_sql(quote(f.name), have[f.name], f.dataType, lambdas)} AS {quote(f.name)}"
+            if f.name in have
+            else f"CAST(NULL AS {ddl(f.dataType)}) AS {quote(f.name)}"
             for f in target.fields
         ]
-        return F.when(column.isNotNull(), F.struct(*parts))
+    )
+
+
+def conform_sql(value: str, current: DataType, target: DataType, lambdas: Iterator[int]) -> str:
+    """SQL of ``value`` (a column or field reference of type ``current``) in the shape of
+    ``target``; see :func:`conform`. ``lambdas`` numbers the lambda variables it introduces."""
+    if _strip(current) == _strip(target):
+        return value
+    if isinstance(current, StructType) and isinstance(target, StructType):
+        have = {f.name: f.dataType for f in current.fields}
+        parts = ", ".join(
+            f"{sql_string(f.name)}, "
+            + (
+                conform_sql(f"{value}.{quote(f.name)}", have[f.name], f.dataType, lambdas)
+                if f.name in have
+                else f"CAST(NULL AS {ddl(f.dataType)})"
+            )
+            for f in target.fields
+        )
+        return f"CASE WHEN {value} IS NOT NULL THEN {f'named_struct({parts})' if parts else 'struct()'} END"
     if isinstance(current, ArrayType) and isinstance(target, ArrayType):
-        return F.transform(column, lambda e: conform_column(e, current.elementType, target.elementType))
+        e = f"__e{next(lambdas)}"
+        body = conform_sql(e, current.elementType, target.elementType, lambdas)
+        return f"transform({value}, {e} -> {body})"
     if isinstance(current, MapType) and isinstance(target, MapType):
-        return F.transform_values(column, lambda _, v: conform_column(v, current.valueType, target.valueType))
-    return column.cast(target)
+        k, v = f"__k{next(lambdas)}", f"__v{next(lambdas)}"
+        body = conform_sql(v, current.valueType, target.valueType, lambdas)
+        return f"transform_values({value}, ({k}, {v}) -> {body})"
+    return f"CAST({value} AS {ddl(target)})"
+
+
+def sql_string(text: str) -> str:
+    """A Spark SQL string literal of ``text``."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def ddl(data_type: DataType) -> str:
@@ -220,6 +237,9 @@ def ddl(data_type: DataType) -> str:
         return f"ARRAY<{ddl(data_type.elementType)}>"
     if isinstance(data_type, MapType):
         return f"MAP<{ddl(data_type.keyType)}, {ddl(data_type.valueType)}>"
+    if isinstance(data_type, TimestampType):
+        # Plain TIMESTAMP means TIMESTAMP_NTZ in a session with spark.sql.timestampType so set.
+        return "TIMESTAMP_LTZ"
     return data_type.simpleString()
 
 

@@ -29,7 +29,7 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, DataType, MapType, StructType, VariantType
 
-from cdc_join.changeset import collect, from_arrow
+from cdc_join.changeset import Rows, collect, from_arrow
 from cdc_join.config import PipelineConfig
 from cdc_join.errors import ConcurrentRunError
 from cdc_join.schemas import quote, widens_to
@@ -66,14 +66,14 @@ NOTHING = {"inserted": 0, "updated": 0, "deleted": 0, "rows_written": 0}
 COPIES = "_copies"
 
 
-def prepare(storage: Storage, config: PipelineConfig, rows: DataFrame, expected_version: int | None) -> int:
+def prepare(storage: Storage, config: PipelineConfig, rows: Rows, expected_version: int | None) -> int:
     """Create silver for rows of this shape, or add new columns and widen types.
 
     ``expected_version`` is silver's version when the run started (``None``: no silver yet);
     if silver moved since, another run wrote it and this one stops. Returns the version the
     run's MERGE must find.
     """
-    path, schema = config.silver_path, rows.drop(ACTION).schema
+    path, schema = config.silver_path, _columns(rows.schema)
     if expected_version is None:
         if not storage.create(path, schema, cdf=True, properties=table_properties("silver")):
             raise ConcurrentRunError(f"silver {path} was created by another run while this one worked")
@@ -82,6 +82,11 @@ def prepare(storage: Storage, config: PipelineConfig, rows: DataFrame, expected_
         raise ConcurrentRunError(f"silver {path} moved past version {expected_version}: another run wrote it")
     storage.evolve(path, schema)
     return storage.version(path)
+
+
+def _columns(schema: StructType) -> StructType:
+    """Silver's columns of rows on their way into silver (all but ``_action``)."""
+    return StructType([f for f in schema.fields if f.name != ACTION])
 
 
 def definition(config: PipelineConfig) -> dict[str, Any]:
@@ -131,7 +136,7 @@ def write_all(
     column was dropped or changed type in a way silver cannot widen to, replace every row and
     the schema in one overwrite commit. Returns the run report's counts."""
     path = config.silver_path
-    if expected_version is not None and _reshaped(storage.schema(path), rows.drop(ACTION).schema):
+    if expected_version is not None and _reshaped(storage.schema(path), _columns(rows.schema)):
         return _replace(storage, config, rows, expected_version, "columns dropped or retyped")
     expected = prepare(storage, config, rows, expected_version)
     if expected_version is None:
@@ -150,7 +155,7 @@ def write_all(
         return _replace(storage, config, rows, expected, "keys held more than once")
     schema = StructType([f for f in changes.schema.fields if f.name != COPIES])
     rows_to_merge = from_arrow(storage.spark, schema, found.drop_columns([COPIES]))
-    return merge(storage, config, rows_to_merge.frame, expected_version=expected).as_counts()
+    return merge(storage, config, rows_to_merge, expected_version=expected).as_counts()
 
 
 def _replace(
@@ -169,7 +174,7 @@ def reshapes(storage: Storage, config: PipelineConfig, rows: DataFrame) -> bool:
     """Whether writing ``rows`` needs silver's rows and schema replaced (see :func:`write_all`):
     silver has a column they lack, or one whose type cannot widen to theirs. Schemas only."""
     path = config.silver_path
-    return storage.exists(path) and _reshaped(storage.schema(path), rows.drop(ACTION).schema)
+    return storage.exists(path) and _reshaped(storage.schema(path), _columns(rows.schema))
 
 
 def _reshaped(current: StructType, wanted: StructType) -> bool:
@@ -182,7 +187,7 @@ def _reshaped(current: StructType, wanted: StructType) -> bool:
 
 
 def merge(
-    storage: Storage, config: PipelineConfig, rows: DataFrame, *, expected_version: int | None = None
+    storage: Storage, config: PipelineConfig, rows: Rows, *, expected_version: int | None = None
 ) -> SilverReport:
     """MERGE upserts and deletes (``_action``) into silver; see the module docstring."""
     keys = silver_key_columns(config)

@@ -91,28 +91,29 @@ def value_fields(schema: StructType) -> list[StructField]:
     return [f for f in schema.fields if f.name not in STATE_METADATA]
 
 
-def order(row: str | None = None) -> Column:
-    """The order of a state row, ``(sequence, file, line)``, as a comparable struct."""
-    prefix = "" if row is None else f"{row}."
-    return F.struct(*[F.col(f"{prefix}{c}").alias(c) for c in (SEQ, FILE, LINE)])
+def order_sql(row: str | None = None) -> str:
+    """SQL of the order of a state row, ``(sequence, file, line)``, as a comparable struct: of
+    the row's columns, or of the fields of the struct column ``row``."""
+    prefix = "" if row is None else f"{quote(row)}."
+    return "named_struct(" + ", ".join(f"'{c}', {prefix}{c}" for c in (SEQ, FILE, LINE)) + ")"
 
 
 def newest(rows: DataFrame, key: Sequence[str]) -> DataFrame:
     """One row per key: the one of greatest order (duplicates of one event fold into one)."""
-    packed = F.struct(*[F.col(c) for c in quoted(rows.columns)])
+    packed = f"struct({', '.join(quoted(rows.columns))})"
     # Shuffled by the key first: a key has few rows, so Spark's partial aggregate before the
     # shuffle would sort every row only to fold almost nothing.
-    by_key = rows.repartition(*[F.col(c) for c in quoted(key)])
-    grouped = by_key.groupBy(*quoted(key)).agg(F.max_by(packed, order()).alias("__row"))
+    by_key = rows.repartition(*quoted(key))
+    grouped = by_key.groupBy(*quoted(key)).agg(F.expr(f"max_by({packed}, {order_sql()}) AS __row"))
     # Key columns come from the grouping, so Spark knows the result is partitioned by the key
     # and a join or MERGE source on it needs no second shuffle. Floating-point keys keep the
-    # row's own value (grouping turns -0.0 into 0.0).
+    # row's own value (grouping turns -0.0 into 0.0). SQL text: one round trip to the JVM.
     types = {f.name: f.dataType for f in rows.schema.fields}
-    return grouped.select(
+    return grouped.selectExpr(
         *[
-            F.col(quote(c))
+            quote(c)
             if c in key and not isinstance(types[c], (FloatType, DoubleType))
-            else F.col(f"__row.{quote(c)}").alias(c)
+            else f"__row.{quote(c)} AS {quote(c)}"
             for c in rows.columns
         ]
     )
@@ -297,26 +298,26 @@ def images(
     watermark. The stored rows of the keys and the events are folded in one aggregation.
     """
     key = list(source.primary_key)
-    stored, _ = read_keyed(storage, path, keys.frame, [(c, c) for c in key], values=keys.values(key[0]))
-    columns = quoted(stored.columns)
+    stored, _ = read_keyed(storage, path, keys, [(c, c) for c in key], values=keys.values(key[0]))
     both = stored.withColumn("__event", F.lit(False)).unionByName(
         changes.rows.withColumn("__event", F.lit(True))
     )
-    row, event = F.struct(*columns), F.col("__event")
+    # SQL text: one round trip each to a classic session's JVM, not several per column.
+    row, settled = f"struct({', '.join(quoted(stored.columns))})", f"{RUN} <= {int(previous.run_id)}"
     folded = both.groupBy(*quoted(key)).agg(
-        F.max_by(row, F.when(~event & (F.col(RUN) <= previous.run_id), order())).alias(OLD),
-        F.max_by(row, F.when(~event, order())).alias("__now"),
-        F.max_by(row, F.when(event, order())).alias("__event"),
+        F.expr(f"max_by({row}, CASE WHEN NOT __event AND {settled} THEN {order_sql()} END) AS {OLD}"),
+        F.expr(f"max_by({row}, CASE WHEN NOT __event THEN {order_sql()} END) AS __now"),
+        F.expr(f"max_by({row}, CASE WHEN __event THEN {order_sql()} END) AS __event"),
     )
-    newer = F.col("__event").isNotNull() & (F.col("__now").isNull() | (order("__event") > order("__now")))
-    result = folded.withColumn(NEW, F.when(newer, F.col("__event")).otherwise(F.col("__now")))
+    newer = f"__event IS NOT NULL AND (__now IS NULL OR {order_sql('__event')} > {order_sql('__now')})"
+    result = folded.selectExpr("*", f"CASE WHEN {newer} THEN __event ELSE __now END AS {NEW}")
     if changes.watermark is not None:
         deleted, seq = F.col(f"{NEW}.{DELETED}"), F.col(f"{NEW}.{SEQ}")
         live_older = F.col(NEW).isNotNull() & ~deleted & (seq < F.lit(changes.watermark))
         tombstone = _tombstone(stored.schema, key, changes.watermark, run_id)
         result = result.withColumn(NEW, F.when(live_older, tombstone).otherwise(F.col(NEW)))
-    written = F.col(NEW).isNotNull() & (F.col("__now").isNull() | (order(NEW) != order("__now")))
-    return result.select(*quoted(key), OLD, NEW, written.alias(_APPEND))
+    written = f"{NEW} IS NOT NULL AND (__now IS NULL OR {order_sql(NEW)} != {order_sql('__now')})"
+    return result.selectExpr(*quoted(key), OLD, NEW, f"{written} AS {_APPEND}")
 
 
 def appended(images_set: ChangeSet) -> pa.Table:
@@ -333,7 +334,7 @@ def append(storage: Storage, path: str, rows: pa.Table) -> int:
     """Append state rows (already on the driver); returns the table's version afterwards."""
     if not rows.num_rows:
         return storage.version(path)
-    return storage.append(path, from_arrow(storage.spark, storage.schema(path), rows).frame).version
+    return storage.append(path, from_arrow(storage.spark, storage.schema(path), rows)).version
 
 
 @dataclass(frozen=True)
@@ -605,7 +606,7 @@ def read_current(
     if keys is None:
         return newest(storage.read(path, version), key)
     pairs = list(on or [(c, c) for c in key])
-    stored, _ = read_keyed(storage, path, keys.frame, pairs, version, keys.values(pairs[0][1]))
+    stored, _ = read_keyed(storage, path, keys, pairs, version, keys.values(pairs[0][1]))
     return newest(stored, key)
 
 

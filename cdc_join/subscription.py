@@ -291,7 +291,7 @@ def _append_rows(
     table = pa.table({f.name: columns[f.name] for f in schema.fields}).sort_by(
         [(c, "ascending") for c in keys.column_names]
     )
-    storage.append(path, from_arrow(storage.spark, schema, table.cast(arrow_schema(schema))).frame)
+    storage.append(path, from_arrow(storage.spark, schema, table.cast(arrow_schema(schema))))
 
 
 def current(
@@ -310,11 +310,10 @@ def current(
         stats = ScanStats(0, 0)
     else:
         on = [(f, f) for f in fk_columns(join)]
-        rows, stats = read_keyed(storage, path, fks.frame, on, version, fks.values(on[0][1]))
-    packed = F.struct(F.col(LHS_HASH), F.col(SUBSCRIBED))
-    newest = rows.groupBy(*keys).agg(F.max_by(packed, F.col(WRITTEN)).alias("__s"))
-    subscribed = newest.filter(F.col(f"__s.{SUBSCRIBED}"))
-    return subscribed.select(*keys, F.col(f"__s.{LHS_HASH}").alias(LHS_HASH)), stats
+        rows, stats = read_keyed(storage, path, fks, on, version, fks.values(on[0][1]))
+    newest = rows.groupBy(*keys).agg(F.expr(f"max_by(struct({LHS_HASH}, {SUBSCRIBED}), {WRITTEN}) AS __s"))
+    subscribed = newest.filter(f"__s.{SUBSCRIBED}")
+    return subscribed.selectExpr(*quoted(keys), f"__s.{LHS_HASH} AS {LHS_HASH}"), stats
 
 
 def rebuild(

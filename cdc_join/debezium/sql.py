@@ -11,14 +11,10 @@ from __future__ import annotations
 
 from cdc_join.errors import InputError
 from cdc_join.schemas import ddl as ddl
+from cdc_join.schemas import sql_string as lit
 
 #: Longest JSON excerpt a quarantine reason quotes.
 MESSAGE_JSON_CHARS = 200
-
-
-def lit(text: str) -> str:
-    """A SQL string literal."""
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def ident(name: str) -> str:

@@ -31,8 +31,9 @@ Rules every backend follows (the contract tests in ``tests/contract`` check them
   :class:`MergeSpec` in the order delete, update, insert, and returns its metrics.
   Conditions are SQL over ``s.`` and ``t.`` that both Spark SQL and DataFusion accept: plain
   comparisons, ``AND``/``OR``/``NOT``, ``IS NULL``, ``IS DISTINCT FROM``.
-- ``append``, ``overwrite`` and ``merge`` take ``expected_version``: the write commits only if
-  the table is still at that version, else it raises
+- ``append``, ``overwrite`` and ``merge`` take their rows as a Spark frame or as a change set
+  already on the driver (:data:`cdc_join.changeset.Rows`), and ``expected_version``: the
+  write commits only if the table is still at that version, else it raises
   :class:`~cdc_join.errors.ConcurrentRunError` (another writer committed first). This is how
   a run makes sure nothing else wrote silver or the run log while it worked.
 - ``evolve`` grows a table's schema to hold ``schema`` by :mod:`cdc_join.schemas`' rules: new
@@ -52,6 +53,8 @@ from typing import Any, Protocol, runtime_checkable
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
+
+from cdc_join.changeset import Rows
 
 _TABLE_NAME = re.compile(r"^(`[^`]+`|[A-Za-z_][A-Za-z0-9_]*)(\.(`[^`]+`|[A-Za-z_][A-Za-z0-9_]*)){1,2}$")
 
@@ -163,15 +166,15 @@ class Storage(Protocol):
     def read_changes(self, path: str, start_version: int, end_version: int | None = None) -> DataFrame: ...
 
     def append(
-        self, path: str, df: DataFrame, *, merge_schema: bool = False, expected_version: int | None = None
+        self, path: str, df: Rows, *, merge_schema: bool = False, expected_version: int | None = None
     ) -> WriteMetrics: ...
 
     def overwrite(
-        self, path: str, df: DataFrame, *, expected_version: int | None = None, replace_schema: bool = False
+        self, path: str, df: Rows, *, expected_version: int | None = None, replace_schema: bool = False
     ) -> WriteMetrics: ...
 
     def merge(
-        self, path: str, source: DataFrame, spec: MergeSpec, *, expected_version: int | None = None
+        self, path: str, source: Rows, spec: MergeSpec, *, expected_version: int | None = None
     ) -> WriteMetrics: ...
 
     def delete(self, path: str, predicate: str | None = None) -> WriteMetrics: ...

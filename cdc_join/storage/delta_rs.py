@@ -88,7 +88,16 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from cdc_join.changeset import ARROW_ATTRIBUTE, arrow_of, arrow_schema, cast_table, spark_frame, to_arrow
+from cdc_join.changeset import (
+    ARROW_ATTRIBUTE,
+    ChangeSet,
+    Rows,
+    arrow_of,
+    arrow_schema,
+    cast_table,
+    spark_frame,
+    to_arrow,
+)
 from cdc_join.errors import ConcurrentRunError, StorageError
 from cdc_join.schemas import changed_types, conform, merge_schemas, nullable
 from cdc_join.storage.base import FileStats, MergeSpec, WriteMetrics, is_table_name
@@ -619,15 +628,16 @@ class DeltaRsStorage:
             self._local_master = master.startswith("local")
         return self._local_master
 
-    def _source_arrow(self, df: DataFrame, target: pa.Schema | None) -> pa.Table:
+    def _source_arrow(self, df: Rows, target: pa.Schema | None) -> pa.Table:
         """Collect ``df`` as Arrow, declaring NOT NULL where the target column is NOT NULL.
 
         Spark marks most columns nullable; delta-rs then relaxes NOT NULL target columns when
         it merges schemas. A column that really holds nulls keeps its nullable flag, so
         delta-rs still rejects the write instead of storing nulls in a NOT NULL column.
         """
-        # A change set materialized earlier in the run carries its rows: no second Spark job.
-        table = arrow_of(df)
+        # A change set (or a frame materialized earlier in the run) carries its rows: no Spark
+        # job, and for a change set not even a Spark frame.
+        table = df.table if isinstance(df, ChangeSet) else arrow_of(df)
         if table is None:
             table = to_arrow(df)
         if target is None:
@@ -877,7 +887,7 @@ class DeltaRsStorage:
         return frame
 
     def append(
-        self, path: str, df: DataFrame, *, merge_schema: bool = False, expected_version: int | None = None
+        self, path: str, df: Rows, *, merge_schema: bool = False, expected_version: int | None = None
     ) -> WriteMetrics:
         """Append ``df``; with ``merge_schema`` its new columns are added to the table."""
         return self._write(
@@ -885,7 +895,7 @@ class DeltaRsStorage:
         )
 
     def overwrite(
-        self, path: str, df: DataFrame, *, expected_version: int | None = None, replace_schema: bool = False
+        self, path: str, df: Rows, *, expected_version: int | None = None, replace_schema: bool = False
     ) -> WriteMetrics:
         """Replace every row of the table with ``df``: same schema, or ``df``'s with ``replace_schema``
         (one commit; the table's history and properties stay)."""
@@ -896,7 +906,7 @@ class DeltaRsStorage:
     def _write(
         self,
         path: str,
-        df: DataFrame,
+        df: Rows,
         mode: Literal["append", "overwrite"],
         expected_version: int | None,
         schema_mode: Literal["merge", "overwrite"] | None = None,
@@ -905,7 +915,8 @@ class DeltaRsStorage:
         before_version, before = dt.version(), self._file_records(dt, path)
         root, target = table_root(path), pa.schema(dt.schema().to_arrow())
         action, overwrite = ("append to" if mode == "append" else mode), mode == "overwrite"
-        if schema_mode is None and arrow_of(df) is None and self._can_spill(df, root):
+        on_driver = isinstance(df, ChangeSet) or arrow_of(df) is not None
+        if schema_mode is None and not on_driver and self._can_spill(df, root):
             scratch = tempfile.mkdtemp(prefix="cdc_join_spill_")
             try:
                 with _delta_errors(action, path):
@@ -931,7 +942,7 @@ class DeltaRsStorage:
         return replace(metrics, rows_inserted=_to_int(metrics.extra["metrics"].get("num_added_rows")))
 
     def merge(
-        self, path: str, source: DataFrame, spec: MergeSpec, *, expected_version: int | None = None
+        self, path: str, source: Rows, spec: MergeSpec, *, expected_version: int | None = None
     ) -> WriteMetrics:
         """MERGE ``source`` (materialized as Arrow first) into the table as ``spec`` says."""
         if spec.delete_condition is None and not spec.update and not spec.insert:

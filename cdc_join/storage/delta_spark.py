@@ -109,7 +109,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from cdc_join.changeset import to_arrow
+from cdc_join.changeset import Rows, frame_of, to_arrow
 from cdc_join.errors import ConcurrentRunError, StorageError
 from cdc_join.schemas import changed_types, conform, merge_schemas
 from cdc_join.storage.base import FileStats, MergeSpec, WriteMetrics, is_table_name, quote_table_name
@@ -1110,20 +1110,22 @@ class DeltaSparkStorage:
         return changes.where(F.lit(False)) if empty else changes
 
     def append(
-        self, path: str, df: DataFrame, *, merge_schema: bool = False, expected_version: int | None = None
+        self, path: str, df: Rows, *, merge_schema: bool = False, expected_version: int | None = None
     ) -> WriteMetrics:
         """Append ``df``; with ``merge_schema`` its new columns are added to the table."""
         option = ("mergeSchema", "true") if merge_schema else None
-        return self._write(path, df, "append", option, expected_version, {"rows_inserted": "numOutputRows"})
+        return self._write(
+            path, frame_of(df), "append", option, expected_version, {"rows_inserted": "numOutputRows"}
+        )
 
     def overwrite(
-        self, path: str, df: DataFrame, *, expected_version: int | None = None, replace_schema: bool = False
+        self, path: str, df: Rows, *, expected_version: int | None = None, replace_schema: bool = False
     ) -> WriteMetrics:
         """Replace every row of the table with ``df``: same schema, or ``df``'s with ``replace_schema``
         (Delta's ``overwriteSchema``; one commit, history and properties stay)."""
         option = ("overwriteSchema", "true") if replace_schema else None
         metrics = {"rows_inserted": "numOutputRows", "rows_deleted": "numDeletedRows"}
-        return self._write(path, df, "overwrite", option, expected_version, metrics)
+        return self._write(path, frame_of(df), "overwrite", option, expected_version, metrics)
 
     def _write(
         self,
@@ -1176,12 +1178,13 @@ class DeltaSparkStorage:
         return None if found is None else found["userMetadata"]
 
     def merge(
-        self, path: str, source: DataFrame, spec: MergeSpec, *, expected_version: int | None = None
+        self, path: str, source: Rows, spec: MergeSpec, *, expected_version: int | None = None
     ) -> WriteMetrics:
         """MERGE ``source`` into the table as ``spec`` says (Delta materializes the source when it
         must, see the module docstring)."""
         if spec.delete_condition is None and not spec.update and not spec.insert:
             raise ValueError("MergeSpec has no clause: set delete_condition, update or insert")
+        source = frame_of(source)
         before = self.version(path)
         if expected_version is not None and before != expected_version:
             raise ConcurrentRunError(

@@ -22,7 +22,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import DoubleType, FloatType, StringType, StructField, StructType
 
-from cdc_join.changeset import ChangeSet
+from cdc_join.changeset import ChangeSet, Rows, frame_of
 from cdc_join.schemas import nullable
 from cdc_join.storage.base import FileStats, Storage
 
@@ -56,7 +56,7 @@ class ScanStats:
 def read_keyed(
     storage: Storage,
     path: str,
-    keys: DataFrame,
+    keys: Rows,
     on: Sequence[tuple[str, str]],
     version: int | None = None,
     values: Sequence[Any] | None = None,
@@ -70,7 +70,8 @@ def read_keyed(
     Args:
         storage: the storage seam.
         path: the table.
-        keys: the wanted keys (may hold duplicates).
+        keys: the wanted keys (may hold duplicates); a change set becomes a Spark frame only
+            if Spark has to match them.
         on: pairs ``(table column, keys column)``; the first pair drives file skipping.
         version: read this version instead of the latest.
         values: the distinct values of the first keys column when the caller has them on the
@@ -96,7 +97,8 @@ def read_keyed(
         column = "`" + on[0][0].replace("`", "``") + "`"
         condition = f"{column} IN ({', '.join(literals)})" if literals else "false"
         return table.filter(F.expr(condition)), stats
-    wanted = keys.select(*[F.col(f"`{k}`").alias(f"__key{i}") for i, (_, k) in enumerate(on)]).distinct()
+    wanted = frame_of(keys).select(*[F.col(f"`{k}`").alias(f"__key{i}") for i, (_, k) in enumerate(on)])
+    wanted = wanted.distinct()
     condition = [table[f"`{t}`"].eqNullSafe(wanted[f"__key{i}"]) for i, (t, _) in enumerate(on)]
     return table.join(F.broadcast(wanted), condition, "left_semi"), stats
 
@@ -138,7 +140,7 @@ def candidate_files(
     path: str,
     version: int | None,
     files: list[FileStats],
-    keys: DataFrame,
+    keys: Rows,
     first: tuple[str, str],
     values: Sequence[Any] | None,
 ) -> list[str]:
@@ -154,7 +156,7 @@ def candidate_files(
         return sorted(unranged)
     if values is None or len(values) > DRIVER_PRUNING_KEYS:
         data_type = storage.schema(path)[column].dataType
-        wanted = keys.select(F.col(f"`{key_column}`").cast(data_type).alias("k")).distinct()
+        wanted = frame_of(keys).select(F.col(f"`{key_column}`").cast(data_type).alias("k")).distinct()
         few = wanted.limit(DRIVER_PRUNING_KEYS + 1).collect() if values is None else None
         if few is not None and len(few) <= DRIVER_PRUNING_KEYS:
             values = [r.k for r in few]

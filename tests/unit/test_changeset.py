@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from datetime import date, datetime, timezone
+from decimal import Decimal
+
 import pyarrow as pa
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
@@ -93,3 +96,26 @@ def test_a_frame_over_lists_of_nulls_whose_nullability_spark_changes(spark):
     schema = spark.createDataFrame([], "r struct<s:string,ar:array<void>>").schema
     back = materialize(ChangeSet(spark, schema, table).frame).table
     assert back.column("r").to_pylist() == [{"s": "a", "ar": [None, None]}, {"s": "b", "ar": [None]}]
+
+
+def test_several_frames_collected_in_one_job_keep_their_rows_names_and_types(spark):
+    """Names that need quoting and types whose SQL spelling is easy to get wrong survive
+    :func:`materialize_all`, each frame's rows exactly as :func:`materialize` gives them."""
+    first = spark.sql(
+        "SELECT * FROM VALUES "
+        "(1, 'a', 1.50BD, TIMESTAMP_NTZ'2024-01-02 03:04:05.123456', DATE'2024-01-02', X'00FF', "
+        "map('k', named_struct('x', 1)), named_struct('in`ner', array(1, null))), "
+        "(2, NULL, NULL, NULL, NULL, NULL, NULL, named_struct('in`ner', CAST(NULL AS ARRAY<INT>))) "
+        "AS t(`id`, `odd name`, `dotted.name`, ts_ntz, d, bin, m, `st``ruct`)"
+    ).selectExpr("*", "CASE WHEN id = 1 THEN TIMESTAMP_LTZ'2024-01-02 03:04:05Z' END AS ts_ltz")
+    second = spark.sql("SELECT 7L AS id, 'only' AS `odd name`")
+    both = materialize_all([first, second])
+    for frame, got in zip([first, second], both, strict=True):
+        want = materialize(frame)
+        assert got.schema == frame.schema
+        assert got.table.sort_by("id").to_pylist() == want.table.sort_by("id").to_pylist()
+    row = both[0].table.sort_by("id").to_pylist()[0]
+    assert row["dotted.name"] == Decimal("1.50") and row["bin"] == b"\x00\xff"
+    assert row["ts_ntz"] == datetime(2024, 1, 2, 3, 4, 5, 123456) and row["d"] == date(2024, 1, 2)
+    assert row["ts_ltz"] == datetime(2024, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    assert row["st`ruct"] == {"in`ner": [1, None]} and row["m"] == [("k", {"x": 1})]
