@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_type
 from pyspark.sql.pandas.types import to_arrow_schema as _to_arrow_schema
 from pyspark.sql.types import ArrayType, DataType, MapType, NullType, StringType, StructField, StructType
 
@@ -65,6 +66,13 @@ class ChangeSet:
         """The rows where ``mask`` is true."""
         return ChangeSet(self.spark, self.schema, self.table.filter(mask))
 
+    def with_column(self, name: str, values: pa.Array) -> ChangeSet:
+        """The same rows with one more column (its Spark type from its Arrow type)."""
+        field = StructField(name, from_arrow_type(values.type), True)
+        return ChangeSet(
+            self.spark, StructType([*self.schema.fields, field]), self.table.append_column(name, values)
+        )
+
     def renamed(self, names: Mapping[str, str]) -> ChangeSet:
         """The same rows with columns renamed (``old → new``)."""
         schema = StructType(
@@ -98,6 +106,21 @@ class ChangeSet:
             chunks = [k.cast(target) for p in parts for k in p.table.column(c).chunks]
             arrays[c] = pa.chunked_array(chunks, target)
         return ChangeSet(first.spark, schema, distinct_rows(pa.table(arrays), columns))
+
+
+#: Rows on the driver up to this many are worked on in one partition (:func:`one_partition`).
+ONE_PARTITION_ROWS = 100_000
+
+
+def one_partition(frame: DataFrame, rows: int | None) -> DataFrame:
+    """``frame`` in a single partition when it holds ``rows`` rows already read to the driver
+    (``None``: not on the driver) and they are few (:data:`ONE_PARTITION_ROWS`).
+
+    Spark then folds and joins it without a shuffle. Each shuffle of a query costs a Spark job
+    of its own (a query stage), whatever the few rows it moves; in one partition the query is
+    one job. Larger or unknown inputs keep their partitions, and their parallelism.
+    """
+    return frame.coalesce(1) if rows is not None and rows <= ONE_PARTITION_ROWS else frame
 
 
 #: What a write takes: a lazy frame, or a change set, whose rows are on the driver already (the

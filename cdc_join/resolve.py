@@ -30,7 +30,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, StructField, StructType
 
 from cdc_join import lookup, state, subscription
-from cdc_join.changeset import ChangeSet, materialize, same_values
+from cdc_join.changeset import ChangeSet, materialize, one_partition, same_values
 from cdc_join.config import JoinConfig, JoinType, PipelineConfig
 from cdc_join.errors import ConfigError, config_errors
 from cdc_join.lookup import RIGHT, RIGHT_SEQ
@@ -51,6 +51,7 @@ from cdc_join.tables import (
 
 STALE = "_stale"
 ORPHAN = "_orphan"
+_RUN_OF_ROWS = "__cdc_run_id"
 
 
 def check(
@@ -177,7 +178,15 @@ def incremental(
         left_current, affected.renamed({p: c for c, p in renamed.items()}), list(left.primary_key)
     )
     right = {j.alias: _right_rows_named(storage, config, j, in_scope, pinned) for j in config.joins}
-    return Resolved(instructions, checked, materialize(build_rows(config, in_scope.frame, right, run_id)))
+    # The run id comes as a column, not as a literal: the query's code then compiles once per
+    # session, not once per run (a left source with a column of that name gets the literal).
+    run: int | str = run_id
+    if _RUN_OF_ROWS not in in_scope.schema.names:
+        in_scope = in_scope.with_column(_RUN_OF_ROWS, pa.array([run_id] * in_scope.rows, pa.int64()))
+        run = _RUN_OF_ROWS
+    left_rows = one_partition(in_scope.frame, in_scope.rows)
+    rows = build_rows(config, left_rows, right, run, merge=left_rows is not in_scope.frame)
+    return Resolved(instructions, checked, materialize(rows))
 
 
 def _rows_of_keys(rows: ChangeSet, keys: ChangeSet, columns: list[str]) -> ChangeSet:
@@ -210,9 +219,10 @@ def build_rows(
     config: PipelineConfig,
     left_rows: DataFrame,
     right_rows: Mapping[str, DataFrame],
-    run_id: int,
+    run_id: int | str,
     *,
     broadcast: Collection[str] = (),
+    merge: bool = False,
 ) -> DataFrame:
     """Silver rows (upserts and deletes) for left keys, joined to each right table on the fk.
 
@@ -220,25 +230,34 @@ def build_rows(
         left_rows: current left state rows, tombstones included (a tombstone makes a delete).
         right_rows: per join alias, live right rows as ``fk_*, _right, _right_seq``
             (:func:`cdc_join.lookup.right_rows`): those the left rows' keys name, or all.
-        run_id: the run writing the rows (lineage).
+        run_id: the run writing the rows (lineage), or the name of a column of ``left_rows``
+            that holds it: Spark compiles a query's code anew for every new literal in it.
         broadcast: aliases of right tables small enough to broadcast to the join.
+        merge: join by sort-merge, for inputs in one partition each
+            (:func:`cdc_join.changeset.one_partition`): the whole query is then one Spark job,
+            where each broadcast of a right table would run one more.
 
     Returns:
         ``_pk_*``, the select columns, ``_seq_<alias>`` per source alias, ``_run_id`` and
         ``_action`` (``upsert``/``delete``). A foreign key with a null part matches no row.
     """
     left = config.left_source
-    values = ", ".join(quote(f.name) for f in value_fields(left_rows.schema))
+    values = ", ".join(quote(f.name) for f in value_fields(left_rows.schema) if f.name != run_id)
     rows = left_rows.selectExpr(
         *[f"{quote(c)} AS {quote(p)}" for c, p in zip(left.primary_key, pk_columns(left), strict=True)],
         f"struct({values}) AS {quote(config.left)}",
         f"{SEQ} AS {quote(lineage_column(config.left))}",
         DELETED,
+        f"{quote(run_id) if isinstance(run_id, str) else f'CAST({int(run_id)} AS BIGINT)'} AS {RUN_ID}",
     )
     for join in config.joins:
         right = right_rows[join.alias]
-        rows = _join_right(rows, config, join, F.broadcast(right) if join.alias in broadcast else right)
-    return _output(config, rows, run_id)
+        if join.alias in broadcast:
+            right = F.broadcast(right)
+        elif merge:
+            right = right.hint("merge")
+        rows = _join_right(rows, config, join, right)
+    return _output(config, rows)
 
 
 def _join_right(rows: DataFrame, config: PipelineConfig, join: JoinConfig, right: DataFrame) -> DataFrame:
@@ -254,7 +273,7 @@ def _join_right(rows: DataFrame, config: PipelineConfig, join: JoinConfig, right
     return rows.join(renamed, F.expr(on), "left").drop(*keys)
 
 
-def _output(config: PipelineConfig, rows: DataFrame, run_id: int) -> DataFrame:
+def _output(config: PipelineConfig, rows: DataFrame) -> DataFrame:
     """Silver rows from rows carrying one struct (or null) and one lineage column per alias."""
     missing_inner = [f"{quote(j.alias)} IS NULL" for j in config.joins if j.type is JoinType.INNER]
     action = f"CASE WHEN {' OR '.join([DELETED, *missing_inner])} THEN 'delete' ELSE 'upsert' END"
@@ -263,7 +282,7 @@ def _output(config: PipelineConfig, rows: DataFrame, run_id: int) -> DataFrame:
         *[(f"_{p}", quote(p)) for p in pk_columns(config.left_source)],
         *config.select,
         *[(c, quote(c)) for c in lineage],
-        (RUN_ID, f"CAST({int(run_id)} AS BIGINT)"),
+        (RUN_ID, RUN_ID),
         (ACTION, action),
     ]
     # One expression each (a select entry as its user wrote it), all named in one call: a

@@ -40,7 +40,16 @@ from pyspark.sql.types import (
 )
 
 from cdc_join.bronze import Increment
-from cdc_join.changeset import ChangeSet, empty, from_arrow, materialize, materialize_all, rows_of_struct
+from cdc_join.changeset import (
+    ChangeSet,
+    arrow_of,
+    empty,
+    from_arrow,
+    materialize,
+    materialize_all,
+    one_partition,
+    rows_of_struct,
+)
 from cdc_join.config import PipelineConfig, SourceConfig
 from cdc_join.hashing import row_hash_sql
 from cdc_join.report import Step
@@ -98,12 +107,18 @@ def order_sql(row: str | None = None) -> str:
     return "named_struct(" + ", ".join(f"'{c}', {prefix}{c}" for c in (SEQ, FILE, LINE)) + ")"
 
 
-def newest(rows: DataFrame, key: Sequence[str]) -> DataFrame:
-    """One row per key: the one of greatest order (duplicates of one event fold into one)."""
+def newest(rows: DataFrame, key: Sequence[str], *, on_driver: int | None = None) -> DataFrame:
+    """One row per key: the one of greatest order (duplicates of one event fold into one).
+
+    ``on_driver``: how many rows ``rows`` holds when they were read to the driver (a few are
+    folded in one partition, see :func:`cdc_join.changeset.one_partition`).
+    """
     packed = f"struct({', '.join(quoted(rows.columns))})"
-    # Shuffled by the key first: a key has few rows, so Spark's partial aggregate before the
-    # shuffle would sort every row only to fold almost nothing.
-    by_key = rows.repartition(*quoted(key))
+    by_key = one_partition(rows, on_driver)
+    if by_key is rows:
+        # Shuffled by the key first: a key has few rows, so Spark's partial aggregate before
+        # the shuffle would sort every row only to fold almost nothing.
+        by_key = rows.repartition(*quoted(key))
     grouped = by_key.groupBy(*quoted(key)).agg(F.expr(f"max_by({packed}, {order_sql()}) AS __row"))
     # Key columns come from the grouping, so Spark knows the result is partitioned by the key
     # and a join or MERGE source on it needs no second shuffle. Floating-point keys keep the
@@ -298,14 +313,21 @@ def images(
     watermark. The stored rows of the keys and the events are folded in one aggregation.
     """
     key = list(source.primary_key)
-    stored, _ = read_keyed(storage, path, keys, [(c, c) for c in key], values=keys.values(key[0]))
+    stored, scan = read_keyed(storage, path, keys, [(c, c) for c in key], values=keys.values(key[0]))
     both = stored.withColumn("__event", F.lit(False)).unionByName(
         changes.rows.withColumn("__event", F.lit(True))
     )
-    # SQL text: one round trip each to a classic session's JVM, not several per column.
-    row, settled = f"struct({', '.join(quoted(stored.columns))})", f"{RUN} <= {int(previous.run_id)}"
+    on_driver = None if scan.rows_on_driver is None else scan.rows_on_driver + changes.events
+    both = one_partition(both, on_driver)
+    # SQL text: one round trip each to a classic session's JVM, not several per column. The
+    # last completed run's row is the newest stored one unless a killed attempt of this run
+    # stored rows after it; only then does the query need that run's id, a literal that makes
+    # Spark compile its code anew.
+    row, old = f"struct({', '.join(quoted(stored.columns))})", "NOT __event"
+    if _stored_after(stored, previous.run_id):
+        old += f" AND {RUN} <= {int(previous.run_id)}"
     folded = both.groupBy(*quoted(key)).agg(
-        F.expr(f"max_by({row}, CASE WHEN NOT __event AND {settled} THEN {order_sql()} END) AS {OLD}"),
+        F.expr(f"max_by({row}, CASE WHEN {old} THEN {order_sql()} END) AS {OLD}"),
         F.expr(f"max_by({row}, CASE WHEN NOT __event THEN {order_sql()} END) AS __now"),
         F.expr(f"max_by({row}, CASE WHEN __event THEN {order_sql()} END) AS __event"),
     )
@@ -318,6 +340,16 @@ def images(
         result = result.withColumn(NEW, F.when(live_older, tombstone).otherwise(F.col(NEW)))
     written = f"{NEW} IS NOT NULL AND (__now IS NULL OR {order_sql(NEW)} != {order_sql('__now')})"
     return result.selectExpr(*quoted(key), OLD, NEW, f"{written} AS {_APPEND}")
+
+
+def _stored_after(stored: DataFrame, run_id: int) -> bool:
+    """Whether state rows read for a run may hold one written after run ``run_id`` (by a
+    killed attempt of the run): true unless they were read to the driver and hold none."""
+    table = arrow_of(stored)
+    if table is None:
+        return True
+    latest = pc.max(table.column(RUN)).as_py() if table.num_rows else None
+    return latest is not None and latest > run_id
 
 
 def appended(images_set: ChangeSet) -> pa.Table:
@@ -606,8 +638,8 @@ def read_current(
     if keys is None:
         return newest(storage.read(path, version), key)
     pairs = list(on or [(c, c) for c in key])
-    stored, _ = read_keyed(storage, path, keys, pairs, version, keys.values(pairs[0][1]))
-    return newest(stored, key)
+    stored, scan = read_keyed(storage, path, keys, pairs, version, keys.values(pairs[0][1]))
+    return newest(stored, key, on_driver=scan.rows_on_driver)
 
 
 def compact(

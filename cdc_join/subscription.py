@@ -40,7 +40,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType
 
-from cdc_join.changeset import ChangeSet, arrow_schema, from_arrow, same_values
+from cdc_join.changeset import ChangeSet, arrow_schema, from_arrow, one_partition, same_values
 from cdc_join.config import JoinConfig, JoinType, PipelineConfig, SourceConfig
 from cdc_join.report import Step
 from cdc_join.schemas import quote, quoted
@@ -311,6 +311,7 @@ def current(
     else:
         on = [(f, f) for f in fk_columns(join)]
         rows, stats = read_keyed(storage, path, fks, on, version, fks.values(on[0][1]))
+        rows = one_partition(rows, stats.rows_on_driver)
     newest = rows.groupBy(*keys).agg(F.expr(f"max_by(struct({LHS_HASH}, {SUBSCRIBED}), {WRITTEN}) AS __s"))
     subscribed = newest.filter(f"__s.{SUBSCRIBED}")
     return subscribed.selectExpr(*quoted(keys), f"__s.{LHS_HASH} AS {LHS_HASH}"), stats

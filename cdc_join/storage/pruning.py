@@ -41,16 +41,25 @@ DRIVER_READ_KEYS = 250_000
 
 @dataclass(frozen=True)
 class ScanStats:
-    """Files a keyed read opened, of how many."""
+    """Files a keyed read opened, of how many; and the rows it found when the backend read them
+    on the driver (``None`` when Spark reads them)."""
 
     files_scanned: int
     files_total: int
+    rows_on_driver: int | None = None
 
     def as_counts(self) -> dict[str, int]:
         return {"files_scanned": self.files_scanned, "files_total": self.files_total}
 
     def __add__(self, other: ScanStats) -> ScanStats:
-        return ScanStats(self.files_scanned + other.files_scanned, self.files_total + other.files_total)
+        rows = (
+            None
+            if self.rows_on_driver is None or other.rows_on_driver is None
+            else self.rows_on_driver + other.rows_on_driver
+        )
+        return ScanStats(
+            self.files_scanned + other.files_scanned, self.files_total + other.files_total, rows
+        )
 
 
 def read_keyed(
@@ -86,7 +95,7 @@ def read_keyed(
     if values is not None and len(on) == 1 and len(values) <= DRIVER_READ_KEYS and selected:
         found = _read_on_driver(storage, path, version, selected, on[0][0], keys.schema[on[0][1]], values)
         if found is not None:
-            return found, stats
+            return found.frame, ScanStats(stats.files_scanned, stats.files_total, found.rows)
     table = storage.read(path, version, files=selected) if selected else storage.read(path, version).limit(0)
     literals = (
         _sql_literals(values) if values is not None and len(on) == 1 and len(values) <= ISIN_KEYS else None
@@ -111,9 +120,9 @@ def _read_on_driver(
     column: str,
     wanted: StructField,
     values: Sequence[Any],
-) -> DataFrame | None:
+) -> ChangeSet | None:
     """The rows of ``files`` whose ``column`` is one of ``values``, read by the backend without
-    Spark (delta-rs) and handed to Spark as a small frame.
+    Spark (delta-rs), as a change set (to be handed to Spark as a small frame).
 
     ``None`` (the caller reads with Spark) where the backend reads with Spark anyway; where the
     wanted values (``wanted``) are of another type than the column, which Spark compares after
@@ -132,7 +141,7 @@ def _read_on_driver(
     # Nullable throughout, as Spark reads parquet.
     rows_schema = nullable(schema)
     assert isinstance(rows_schema, StructType)
-    return ChangeSet(storage.spark, rows_schema, table.select(schema.names)).frame
+    return ChangeSet(storage.spark, rows_schema, table.select(schema.names))
 
 
 def candidate_files(

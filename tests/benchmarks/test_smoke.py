@@ -45,6 +45,12 @@ def test_benchmark_runs_end_to_end_and_outputs_agree(tmp_path, spark, storage):
     (batch,) = result["batches"]
     assert batch["plan"] == "incremental"
     assert batch["subscription_files_total"] >= batch["subscription_files_scanned"] > 0
+    # A small batch's rows are folded and joined in one partition: no shuffle and no broadcast,
+    # so each of the steps that run Spark runs one job.
+    jobs = batch["spark_jobs_by_step"]
+    assert {step: jobs[step] for step in ("lookup", "state", "resolve")} == dict.fromkeys(
+        ("lookup", "state", "resolve"), 1
+    ), jobs
     subscriptions = [a for a in result["optimize"]["actions"] if "/subscription/" in a["path"]]
     assert subscriptions and all(a["action"] == "compact" for a in subscriptions)
     # A run that finds nothing new costs no Spark job (the bound is 5).
