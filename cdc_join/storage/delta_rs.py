@@ -552,15 +552,23 @@ class DeltaRsStorage:
                     "deletion vectors (REORG TABLE ... APPLY (PURGE))."
                 )
 
-    def _add_actions(self, dt: DeltaTable, path: str) -> list[dict[str, Any]]:
+    def _add_actions(
+        self, dt: DeltaTable, path: str, columns: Sequence[str] | None = None
+    ) -> list[dict[str, Any]]:
+        """The snapshot's add actions, statistics flattened; only ``columns`` of them if given
+        (Python objects of every statistic of 1,500 files take 0.2 s to build)."""
         with _delta_errors("list the files of", path):
-            return pa.table(dt.get_add_actions(flatten=True)).to_pylist()
+            actions = pa.table(dt.get_add_actions(flatten=True))
+            if columns is not None:
+                actions = actions.select([c for c in columns if c in actions.column_names])
+            return actions.to_pylist()
 
     def _file_records(self, dt: DeltaTable, path: str) -> dict[str, int | None]:
         """Data files of the loaded snapshot → their row counts."""
         root = table_root(path)
         return {
-            spark_file_uri(root, row["path"]): row.get("num_records") for row in self._add_actions(dt, path)
+            spark_file_uri(root, row["path"]): row.get("num_records")
+            for row in self._add_actions(dt, path, ("path", "num_records"))
         }
 
     def _metrics_after(
@@ -721,7 +729,7 @@ class DeltaRsStorage:
         self._check_plain_parquet(dt, path)
         schema = self._spark_schema(dt)
         root = table_root(path)
-        uris = [spark_file_uri(root, row["path"]) for row in self._add_actions(dt, path)]
+        uris = [spark_file_uri(root, row["path"]) for row in self._add_actions(dt, path, ("path",))]
         if files is not None:
             by_key = {_file_key(root, uri): uri for uri in uris}
             chosen: list[str] = []
@@ -785,7 +793,7 @@ class DeltaRsStorage:
         if files is None:
             return dt.to_pyarrow_dataset()
         root = table_root(path)
-        in_snapshot = {_file_key(root, a["path"]) for a in self._add_actions(dt, path)}
+        in_snapshot = {_file_key(root, a["path"]) for a in self._add_actions(dt, path, ("path",))}
         wanted = {_file_key(root, f): f for f in files}
         missing = [file for key, file in wanted.items() if key not in in_snapshot]
         if missing:
