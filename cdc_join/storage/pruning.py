@@ -226,6 +226,10 @@ def _sql_literal(value: Any) -> str | None:
     if isinstance(value, Decimal):
         return f"{value}BD" if value.is_finite() else None
     if isinstance(value, str):
+        if "${" in value:
+            # Spark substitutes ${name} in SQL text before parsing it, inside quotes too (with a
+            # setting's or, as ${env:NAME}, a variable's value): such a key is matched by a join.
+            return None
         return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
     if isinstance(value, datetime):
         kind = "TIMESTAMP_NTZ" if value.tzinfo is None else "TIMESTAMP"
