@@ -66,9 +66,9 @@ class ChangeSet:
         """The rows where ``mask`` is true."""
         return ChangeSet(self.spark, self.schema, self.table.filter(mask))
 
-    def with_column(self, name: str, values: pa.Array) -> ChangeSet:
+    def with_column(self, name: str, values: pa.Array, *, nullable: bool = True) -> ChangeSet:
         """The same rows with one more column (its Spark type from its Arrow type)."""
-        field = StructField(name, from_arrow_type(values.type), True)
+        field = StructField(name, from_arrow_type(values.type), nullable)
         return ChangeSet(
             self.spark, StructType([*self.schema.fields, field]), self.table.append_column(name, values)
         )

@@ -182,7 +182,9 @@ def incremental(
     # session, not once per run (a left source with a column of that name gets the literal).
     run: int | str = run_id
     if _RUN_OF_ROWS not in in_scope.schema.names:
-        in_scope = in_scope.with_column(_RUN_OF_ROWS, pa.array([run_id] * in_scope.rows, pa.int64()))
+        # Never null, as the literal it stands for (silver's _run_id is NOT NULL however made).
+        ids = pa.array([run_id] * in_scope.rows, pa.int64())
+        in_scope = in_scope.with_column(_RUN_OF_ROWS, ids, nullable=False)
         run = _RUN_OF_ROWS
     left_rows = one_partition(in_scope.frame, in_scope.rows)
     rows = build_rows(config, left_rows, right, run, merge=left_rows is not in_scope.frame)

@@ -27,14 +27,14 @@ from typing import Any
 import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
-from pyspark.sql.types import ArrayType, DataType, MapType, StructType, VariantType
+from pyspark.sql.types import ArrayType, DataType, MapType, StructField, StructType, VariantType
 
 from cdc_join.changeset import Rows, collect, from_arrow
 from cdc_join.config import PipelineConfig
 from cdc_join.errors import ConcurrentRunError
 from cdc_join.schemas import quote, widens_to
 from cdc_join.storage import MergeSpec, Storage
-from cdc_join.tables import ACTION, output_columns, silver_key_columns, table_properties
+from cdc_join.tables import ACTION, RUN_ID, output_columns, silver_key_columns, table_properties
 
 
 @dataclass(frozen=True)
@@ -85,8 +85,11 @@ def prepare(storage: Storage, config: PipelineConfig, rows: Rows, expected_versi
 
 
 def _columns(schema: StructType) -> StructType:
-    """Silver's columns of rows on their way into silver (all but ``_action``)."""
-    return StructType([f for f in schema.fields if f.name != ACTION])
+    """Silver's columns of rows on their way into silver (all but ``_action``): nullable but
+    ``_run_id``, which every row has. Silver's schema is then the same whichever plan's rows
+    create it (rows from the driver keep a state table's NOT NULLs, Spark's rebuild does not)."""
+    kept = [f for f in schema.fields if f.name != ACTION]
+    return StructType([StructField(f.name, f.dataType, f.name != RUN_ID, f.metadata) for f in kept])
 
 
 def definition(config: PipelineConfig) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from pyspark.sql import functions as F
+from pyspark.sql.types import LongType
 
 from cdc_join.cli import main
 from cdc_join.errors import ConcurrentRunError
@@ -217,6 +218,24 @@ def test_forced_plans_give_the_same_silver_and_say_why(tmp_path, spark, storage)
     assert not seen["incremental"].startswith("forced")
     with pytest.raises(ValueError, match="plan"):
         pipeline.run(plan="fastest")
+
+
+def test_silver_has_one_schema_whichever_plan_creates_it(tmp_path, spark, storage):
+    # The first run may build silver incrementally (a few rows) or by a recompute (many rows,
+    # or a full refresh): the table users read must not depend on which, nullability included.
+    schemas = {}
+    for decision in ("incremental", "recompute"):
+        pipeline, w = make_pipeline(tmp_path / decision, spark, storage, join_type="left")
+        w.write("rhs", [w.upsert("rhs", {"id": 1, "value": "r1"}, 1)])
+        w.write("lhs", [w.upsert("lhs", {"id": k, "fk": 1, "v": 0}, 10 + n) for n, k in enumerate("ab")])
+        report = pipeline.run() if decision == "incremental" else pipeline.full_refresh()
+        assert report.steps["plan"]["decision"] == decision
+        assert pipeline.verify().ok, decision
+        schemas[decision] = [
+            (f.name, f.dataType, f.nullable) for f in storage.schema(pipeline.config.silver_path)
+        ]
+    assert schemas["incremental"] == schemas["recompute"]
+    assert ("_run_id", LongType(), False) in schemas["incremental"]
 
 
 @pytest.mark.parametrize("join_type", ["inner", "left"])
