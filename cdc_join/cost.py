@@ -178,10 +178,20 @@ def decide(
         subscription_rows={j.alias: _rows(storage, config.subscription_path(j)) for j in config.joins},
         right_rows={j.alias: _rows(storage, config.state_path(j.right)) for j in config.joins},
     )
-    if plan != "auto" and not first_run and decision.recompute != (plan == "recompute"):
-        reason = f"forced by plan={plan} (the rule said: {decision.reason})"
-        decision = dataclasses.replace(decision, recompute=plan == "recompute", reason=reason)
-    return decision
+    return forced(decision, plan, first_run)
+
+
+def forced(decision: PlanDecision, plan: str, first_run: bool) -> PlanDecision:
+    """``decision`` as ``plan`` asks (``auto``: as it is). A first run keeps the rule's
+    decision, and its reason says so: it builds every row either way."""
+    if plan == "auto" or decision.recompute == (plan == "recompute"):
+        return decision
+    if first_run:
+        return dataclasses.replace(
+            decision, reason=f"{decision.reason}; plan={plan} does not apply to a first run"
+        )
+    reason = f"forced by plan={plan} (the rule said: {decision.reason})"
+    return dataclasses.replace(decision, recompute=plan == "recompute", reason=reason)
 
 
 def _rows(storage: Storage, path: str, version: int | None = None) -> int:

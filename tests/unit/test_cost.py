@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cdc_join.cost import RECOMPUTE_MIN_ROWS, choose_plan, threshold_rows
+from cdc_join.cost import RECOMPUTE_MIN_ROWS, choose_plan, forced, threshold_rows
 
 
 def _plan(**kw):
@@ -57,3 +57,21 @@ def test_the_fixed_part_of_the_threshold_keeps_small_tables_incremental_longer()
     assert fixed.as_report()["threshold_rows"] == 6_000
     assert "6000 (5000 + 0.01 × 100000 left rows)" in fixed.reason
     assert _plan(share=0.01, fixed_rows=5_000, left_rows=100_000, changed_left_keys=6_000).recompute
+
+
+def test_a_forced_plan_says_so_and_a_first_run_says_why_it_keeps_the_rule():
+    rule = _plan()
+    assert forced(rule, "auto", first_run=False) is rule
+    assert forced(rule, "incremental", first_run=False) is rule
+    recompute = forced(rule, "recompute", first_run=False)
+    assert recompute.recompute and recompute.reason.startswith("forced by plan=recompute (the rule said: ")
+    # A first run builds every row whichever plan: the flag is not applied, and the report says so.
+    small = _plan(first_run=True, left_rows=10, changed_left_keys=None)
+    kept = forced(small, "recompute", first_run=True)
+    assert not kept.recompute
+    assert kept.reason == f"{small.reason}; plan=recompute does not apply to a first run"
+    big = _plan(first_run=True, changed_left_keys=None)
+    assert (
+        forced(big, "incremental", first_run=True).reason
+        == "first run; plan=incremental does not apply to a first run"
+    )
