@@ -4,9 +4,11 @@ Exit codes, for schedulers:
 
   0  done
   1  verify found differences, or a quality check of severity fail failed
-  2  the configuration (pipeline YAML, options, CDC_JOIN_STORAGE) is invalid
+  2  the configuration (pipeline YAML with its quality section, options, CDC_JOIN_STORAGE)
+     is invalid
   3  a data problem: events were quarantined or a type changed (see 'cdc-join quarantine'),
-     or a source the join needs has no events yet
+     a source the join needs has no events yet, a landing file changed after it was
+     ingested, or a batch has no usable sequence field or mixes connectors
   4  another run holds the pipeline, or committed first while this one worked (run again)
   5  a storage or internal error
 """
@@ -41,7 +43,7 @@ def _global_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
     parser.add_argument(
         "--lake",
         default=value(None),
-        help="root folder or URI of the pipeline's tables, instead of the config's 'lake'",
+        help="root folder or URI of the pipeline's tables, instead of the config's 'lake' and 'tables'",
     )
     parser.add_argument(
         "--tables",
@@ -183,11 +185,11 @@ def open_pipeline(args: argparse.Namespace, progress: Callable[[str], None] | No
     from cdc_join.config import load_config, parse_tables
     from cdc_join.storage.select import requested_backend
 
-    config = load_config(args.config)
-    if args.lake:
-        config = dataclasses.replace(config, lake=args.lake.rstrip("/"))
-    if args.tables:
-        config = dataclasses.replace(config, tables=parse_tables(args.tables))
+    config = load_config(args.config, lake=args.lake or None, tables=parse_tables(args.tables or None))
+    if config.quality:  # checked by every command, not only by `check`, which would come too late
+        from cdc_join.quality import parse_quality  # imports great-expectations: only when needed
+
+        parse_quality(config)
     try:
         requested_backend(args.storage)
     except CdcJoinError as e:

@@ -218,12 +218,21 @@ def _check_unique_keys(node: yaml.Node | None, key: str = "", done: set[int] | N
             _check_unique_keys(item, f"{key}[{i}]", done)
 
 
-def load_config(path: str | os.PathLike[str], *, check_paths: bool = True) -> PipelineConfig:
+def load_config(
+    path: str | os.PathLike[str],
+    *,
+    check_paths: bool = True,
+    lake: str | None = None,
+    tables: str | None = None,
+) -> PipelineConfig:
     """Read and validate a pipeline YAML file.
 
     Args:
         path: the YAML file. Relative paths inside it resolve against its folder.
         check_paths: whether local landing folders must exist.
+        lake: a lake that replaces the file's ``lake`` and ``tables`` (tables are then
+            addressed by path under it); the file then needs neither (the CLI's ``--lake``).
+        tables: a ``catalog.schema`` that replaces the file's ``tables`` (``--tables``).
 
     Returns:
         The validated configuration.
@@ -244,7 +253,14 @@ def load_config(path: str | os.PathLike[str], *, check_paths: bool = True) -> Pi
     except yaml.YAMLError as e:
         raise ConfigError(f"not valid YAML: {e}", path=cfg_path) from e
     try:
-        return parse_config(raw, base_dir=cfg_path.parent, check_paths=check_paths, config_path=cfg_path)
+        return parse_config(
+            raw,
+            base_dir=cfg_path.parent,
+            check_paths=check_paths,
+            config_path=cfg_path,
+            lake=lake,
+            tables=tables,
+        )
     except ConfigErrors as e:
         raise ConfigErrors(e.problems, path=cfg_path) from None
     except ConfigError as e:
@@ -313,8 +329,11 @@ def parse_config(
     base_dir: Path | None = None,
     check_paths: bool = True,
     config_path: Path | None = None,
+    lake: str | None = None,
+    tables: str | None = None,
 ) -> PipelineConfig:
-    """Validate an already-parsed YAML document (see :func:`load_config`).
+    """Validate an already-parsed YAML document (see :func:`load_config`, also for ``lake``
+    and ``tables``).
 
     Raises:
         ConfigError: one mistake; :class:`~cdc_join.errors.ConfigErrors` holds every one when
@@ -326,8 +345,13 @@ def parse_config(
     p = _Problems()
     p.unknown_keys(raw, _TOP_KEYS, "")
     name = p.value(lambda: _name(_required(raw, "name", ""), "name"))
-    tables = p.value(lambda: parse_tables(raw.get("tables")))
-    lake = p.value(lambda: _lake(raw, tables, base), "")
+    in_file = p.value(lambda: parse_tables(raw.get("tables")))
+    overridden = lake is not None or tables is not None
+    lake_path = p.value(lambda: _lake(raw, in_file, base, required=not overridden), "")
+    if lake is not None:  # given lake replaces both: every table by path under it
+        lake_path, in_file = lake.rstrip("/"), None
+    given = tables
+    tables = in_file if given is None else p.value(lambda: parse_tables(given))
     sources, broken = _sources(raw.get("sources"), base, check_paths, p)
     left = p.value(lambda: _left(raw, sources, broken))
     joins, joins_broken = _joins(raw.get("joins") or [], sources, broken, left, p)
@@ -352,7 +376,7 @@ def parse_config(
     p.raise_found()
     return PipelineConfig(
         name=name,
-        lake=lake,
+        lake=lake_path,
         sources=sources,
         left=left,
         joins=joins,
@@ -367,9 +391,9 @@ def parse_config(
     )
 
 
-def _lake(raw: Mapping[str, Any], tables: str | None, base: Path) -> str:
+def _lake(raw: Mapping[str, Any], tables: str | None, base: Path, *, required: bool = True) -> str:
     if raw.get("lake") is None:
-        if tables is None and raw.get("tables") is None:
+        if required and tables is None and raw.get("tables") is None:
             raise ConfigError(
                 "is required (or 'tables: catalog.schema' to address tables by name)", key="lake"
             )

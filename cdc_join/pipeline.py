@@ -21,13 +21,36 @@ from pyspark.sql import SparkSession
 from cdc_join import bronze, cost, lookup, resolve, runlog, silver, state, subscription, verify
 from cdc_join.changeset import ChangeSet, materialize
 from cdc_join.config import PipelineConfig
+from cdc_join.errors import ConfigError
 from cdc_join.ingest import ingest_all
 from cdc_join.report import RunReport, SparkJobs
 from cdc_join.runlog import Checkpoint, RunStart, commit_run, run_lock
 from cdc_join.session import get_spark
 from cdc_join.storage import Storage, get_storage
+from cdc_join.storage.base import is_table_name
 
 REFRESH = "refresh"
+
+
+def _check_addressing(config: PipelineConfig, storage: Storage) -> None:
+    """Tables by name need the delta-spark backend: on delta-rs that is a mistake in the
+    config (exit 2), said before anything is read, not a storage failure in the first write."""
+    if getattr(storage, "name", None) != "delta-rs":
+        return
+    hint = "give 'lake:' (or --lake DIR) to address the tables by path, or use the delta-spark backend"
+    if config.tables:
+        raise ConfigError(
+            f"{config.tables!r} addresses tables by name, which the delta-rs backend cannot; {hint}",
+            key="tables",
+            path=config.config_path,
+        )
+    for name, source in config.sources.items():
+        if source.bronze is not None and is_table_name(source.bronze):
+            raise ConfigError(
+                f"{source.bronze!r} names a table, which the delta-rs backend cannot address; {hint}",
+                key=f"sources.{name}.bronze",
+                path=config.config_path,
+            )
 
 
 class Pipeline:
@@ -51,6 +74,7 @@ class Pipeline:
         self.spark = spark or get_spark()
         self.storage = storage or get_storage(self.spark)
         self.progress = progress
+        _check_addressing(config, self.storage)
 
     def run(self, *, ingest: bool = True, crash_after: str | None = None, plan: str = "auto") -> RunReport:
         """Ingest new landing files, then one join run; ``plan`` as in :mod:`cdc_join.cost`."""

@@ -36,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -55,7 +55,7 @@ from pyspark.sql.types import BooleanType, LongType, StringType, StructField, St
 
 from cdc_join.changeset import arrow_schema, from_arrow
 from cdc_join.config import JoinType, PipelineConfig
-from cdc_join.errors import ConfigError
+from cdc_join.errors import ConfigError, config_errors
 from cdc_join.runlog import Checkpoint
 from cdc_join.state import newest
 from cdc_join.storage import Storage
@@ -121,14 +121,31 @@ def parse_quality(config: PipelineConfig) -> QualitySettings:
             silver does not have.
     """
     raw = config.quality
-    _no_unknown(raw, _TOP_KEYS, "quality")
-    return QualitySettings(
-        orphan_rate_max=_orphan_thresholds(config, raw.get("orphan_rate_max")),
-        freshness_max_minutes=_freshness(raw.get("freshness_max_minutes")),
-        quarantine_max=_quarantine_limits(config, raw.get("quarantine_max")),
-        severity=_severities(raw.get("severity")),
-        expectations=_expectations(config, raw.get("expectations")),
+    problems: list[ConfigError] = []
+
+    def checked(check: Callable[[], Any], default: Any = None) -> Any:
+        # Each part on its own, so one mistake does not hide the others (as for the rest).
+        try:
+            return check()
+        except ConfigError as e:
+            problems.append(e)
+            return default
+
+    problems += [
+        ConfigError(f"unknown key; expected one of {sorted(_TOP_KEYS)}", key=f"quality.{k}")
+        for k in raw
+        if k not in _TOP_KEYS
+    ]
+    settings = QualitySettings(
+        orphan_rate_max=checked(lambda: _orphan_thresholds(config, raw.get("orphan_rate_max")), {}),
+        freshness_max_minutes=checked(lambda: _freshness(raw.get("freshness_max_minutes"))),
+        quarantine_max=checked(lambda: _quarantine_limits(config, raw.get("quarantine_max")), {}),
+        severity=checked(lambda: _severities(raw.get("severity")), {}),
+        expectations=_expectations(config, raw.get("expectations"), problems),
     )
+    if problems:
+        raise config_errors(problems, config.config_path)
+    return settings
 
 
 def left_join_aliases(config: PipelineConfig) -> list[str]:
@@ -207,26 +224,34 @@ def _severity(value: Any, key: str) -> str:
     return str(value)
 
 
-def _expectations(config: PipelineConfig, raw: Any) -> tuple[UserExpectation, ...]:
+def _expectations(
+    config: PipelineConfig, raw: Any, problems: list[ConfigError]
+) -> tuple[UserExpectation, ...]:
+    """The valid expectations; the mistake of each other one is added to ``problems``."""
     if raw is None:
         return ()
     if not isinstance(raw, list):
-        raise ConfigError("must be a list of expectations", key="quality.expectations")
-    parsed = [_expectation(config, spec, f"quality.expectations[{i}]") for i, spec in enumerate(raw)]
+        problems.append(ConfigError("must be a list of expectations", key="quality.expectations"))
+        return ()
     names: set[str] = set()
     calls: set[str] = set()
-    for i, e in enumerate(parsed):
-        if e.name in names:
-            raise ConfigError(
-                f"two expectations are named {e.name!r}; give each its own 'name'",
-                key=f"quality.expectations[{i}].name",
-            )
+    parsed = []
+    for i, spec in enumerate(raw):
+        key = f"quality.expectations[{i}]"
+        try:
+            e = _expectation(config, spec, key)
+        except ConfigError as error:
+            problems.append(error)
+            continue
         # A suite keeps one of two expectations with equal arguments, so one result would vanish.
         call = json.dumps([e.expectation, e.kwargs], sort_keys=True, default=str)
-        if call in calls:
-            raise ConfigError(
-                "repeats an earlier expectation with the same arguments", key=f"quality.expectations[{i}]"
-            )
+        if e.name in names:
+            message = f"two expectations are named {e.name!r}; give each its own 'name'"
+            problems.append(ConfigError(message, key=f"{key}.name"))
+        elif call in calls:
+            problems.append(ConfigError("repeats an earlier expectation with the same arguments", key=key))
+        else:
+            parsed.append(e)
         names.add(e.name)
         calls.add(call)
     return tuple(parsed)

@@ -69,6 +69,28 @@ def test_a_config_error_exits_2_naming_the_key_before_spark_work(landed, capsys)
         assert "joins[0].type" in _one_error(capsys)
 
 
+def test_tables_by_name_on_delta_rs_exit_2_and_a_lake_override_runs_by_path(landed, capsys):
+    _, _, config = landed
+    _edit(config, lambda spec: spec.update(tables="main.cdc"))
+    assert _cli("run", config) == 2
+    error = _one_error(capsys)
+    assert "tables: 'main.cdc' addresses tables by name" in error and "delta-rs" in error
+    elsewhere = str(Path(config).parent / "elsewhere")
+    assert _cli("-q", "--lake", elsewhere, "run", config) == 0  # --lake replaces tables too
+    assert (Path(elsewhere) / "silver").is_dir()
+
+
+def test_a_broken_quality_section_stops_a_run_too_naming_every_mistake(landed, capsys):
+    _, _, config = landed
+    quality = {"orphan_rate_max": 2, "expectations": [{"expectation": "expect_unicorns"}]}
+    _edit(config, lambda spec: spec.update(quality=quality))
+    for command in ("run", "check"):
+        assert _cli(command, config) == 2, command
+        err = capsys.readouterr().err
+        assert "quality.orphan_rate_max: must be a number from 0 to 1" in err, err
+        assert "quality.expectations[0].expectation: unknown expectation 'expect_unicorns'" in err, err
+
+
 def test_an_invalid_storage_choice_exits_2(landed, monkeypatch, capsys):
     _, _, config = landed
     monkeypatch.setenv("CDC_JOIN_STORAGE", "sqlite")

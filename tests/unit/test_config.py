@@ -838,6 +838,32 @@ def test_tables_key_addresses_every_table_by_name_in_that_schema(tmp_path):
     assert cfg.lock_path is None
 
 
+def test_a_given_lake_replaces_tables_and_a_file_may_then_have_neither(tmp_path):
+    # The CLI's --lake: a Databricks pipeline YAML (tables by name) run against a local folder.
+    cfg = _by_name_config(tmp_path)
+    lake = str(tmp_path / "elsewhere")
+    moved = load_config(cfg.config_path, lake=lake + "/")
+    assert moved.tables is None and moved.lake == lake
+    assert moved.silver_path == f"{lake}/silver/orders_enriched"
+    assert moved.bronze_path("orders") == f"{lake}/bronze/orders"
+    assert moved.bronze_path("customers") == "main.raw.customers_bronze"  # a source's own bronze stays
+    raw = _base()
+    del raw["lake"]
+    path = _write(tmp_path, raw)
+    (tmp_path / "landing" / "customers").mkdir(parents=True, exist_ok=True)
+    assert load_config(path, lake=lake).silver_path == f"{lake}/silver/orders_enriched"
+    assert load_config(path, tables="dev.x").silver_path == "dev.x.orders_enriched"
+    _fails(path, "lake")  # without either, the file must name one
+
+
+def test_given_tables_replace_the_files_and_are_checked(tmp_path):
+    cfg = _by_name_config(tmp_path)
+    assert load_config(cfg.config_path, tables="dev.cdc").silver_path == "dev.cdc.orders_enriched"
+    with pytest.raises(ConfigError) as e:
+        load_config(cfg.config_path, tables="a.b.c.d")
+    assert e.value.key == "tables"
+
+
 def test_bad_tables_value_names_the_key(tmp_path):
     with pytest.raises(ConfigError) as e:
         _bad_tables(tmp_path)

@@ -19,7 +19,7 @@ from pyspark.sql import functions as F
 
 from cdc_join import cli
 from cdc_join.config import parse_config
-from cdc_join.errors import ConfigError
+from cdc_join.errors import ConfigError, ConfigErrors
 from cdc_join.quality import RESULTS_SCHEMA, QualityReport, _check_quarantine, _context, check, parse_quality
 from tests.support import make_pipeline
 
@@ -158,6 +158,22 @@ def test_invalid_quality_section_names_the_key(quality, key, message):
         parse_quality(_config(quality))
     assert err.value.key == key
     assert message in str(err.value)
+
+
+def test_every_mistake_of_the_quality_section_is_reported_at_once():
+    quality = {
+        "orphan": 1,
+        "freshness_max_minutes": 0,
+        "expectations": [{"expectation": "expect_unicorns"}, V_NOT_NEGATIVE, V_NOT_NEGATIVE],
+    }
+    with pytest.raises(ConfigErrors) as err:
+        parse_quality(_config(quality))
+    assert [p.key for p in err.value.problems] == [
+        "quality.orphan",
+        "quality.freshness_max_minutes",
+        "quality.expectations[0].expectation",
+        "quality.expectations[2].name",
+    ]
 
 
 # -- the checks ---------------------------------------------------------------------------------
