@@ -826,7 +826,9 @@ def _without_bom_and_cr(value: str) -> str:
     A line with malformed UTF-8 still takes it: the replace decodes the line, so each malformed
     sequence becomes U+FFFD, as in a file read whole and split.
     """
-    replaced = f"regexp_replace({value}, '^\\\\x{{FEFF}}|\\\\r$', '')"
+    # The characters themselves, not escapes: an escape reads otherwise with
+    # spark.sql.parser.escapedStringLiterals on (see cdc_join.schemas.sql_string).
+    replaced = f"regexp_replace({value}, {lit('^' + chr(0xFEFF) + '|' + chr(13) + '$')}, '')"
     ends = " OR ".join(f"endswith({value}, {lit(c)})" for c in _LINE_TERMINATORS)
     kept = f"startswith({value}, '{{') AND NOT ({ends}) AND is_valid_utf8({value})"
     return f"CASE WHEN {kept} THEN {value} ELSE {replaced} END"
@@ -834,7 +836,7 @@ def _without_bom_and_cr(value: str) -> str:
 
 def _whole_files(spark: SparkSession, paths: list[str], path: str) -> DataFrame:
     """Each file read as one row and split on ``\\n``: exact numbers, one task per file."""
-    pieces = "split(value, '\\n', -1)"
+    pieces = f"split(value, {lit(chr(10))}, -1)"
     without_last = f"slice({pieces}, 1, size({pieces}) - 1)"
     kept = f"CASE WHEN element_at({pieces}, -1) = '' THEN {without_last} ELSE {pieces} END"
     text = spark.read.text(paths, wholetext=True)

@@ -225,8 +225,21 @@ def conform_sql(value: str, current: DataType, target: DataType, lambdas: Iterat
 
 
 def sql_string(text: str) -> str:
-    """A Spark SQL string literal of ``text``."""
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    """A Spark SQL string literal of ``text`` that reads the same whatever the session's settings.
+
+    Quoted as it is when it holds no backslash, quote or ``${``; otherwise its UTF-8 bytes as a
+    binary literal cast to a string. A backslash escape reads otherwise with
+    ``spark.sql.parser.escapedStringLiterals`` on, and Spark replaces ``${name}`` in SQL text
+    before parsing it, inside quotes too (``spark.sql.variable.substitute``, on by default:
+    ``${env:HOME}`` would become a folder). Either way a key, a column name or a path in the SQL
+    would silently read as another.
+    """
+    if "\\" not in text and "'" not in text and "${" not in text:
+        return f"'{text}'"
+    try:
+        return f"CAST(X'{text.encode('utf-8').hex().upper()}' AS STRING)"
+    except UnicodeEncodeError:  # a lone surrogate, which no Spark string holds
+        return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def ddl(data_type: DataType) -> str:

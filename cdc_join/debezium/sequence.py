@@ -212,7 +212,7 @@ def _encode_scalar(v: str) -> str:
     text = f"try_variant_get({v}, '$', 'string')"
     json_kind = kind(v)
     digits = f"regexp_replace({text}, '^0+(?=.)', '')"
-    integral = f"({json_kind} = 'BIGINT' OR {json_kind} RLIKE '^DECIMAL\\\\(\\\\d+,0\\\\)$')"
+    integral = f"({json_kind} = 'BIGINT' OR {json_kind} RLIKE '^DECIMAL[(][0-9]+,0[)]$')"
     numeric = f"({integral} OR ({json_kind} = 'STRING' AND {text} RLIKE '^[0-9]+$'))"
     fits = f"({text} RLIKE '^[0-9]+$' AND length({digits}) <= {SEQ_DIGITS})"
     # An integer takes no text and no regular expression (once per event): a negative one

@@ -23,7 +23,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DoubleType, FloatType, StringType, StructField, StructType
 
 from cdc_join.changeset import ChangeSet, Rows, frame_of
-from cdc_join.schemas import nullable
+from cdc_join.schemas import nullable, sql_string
 from cdc_join.storage.base import FileStats, Storage
 
 #: Up to this many distinct wanted values are matched against file ranges on the driver; more
@@ -226,11 +226,7 @@ def _sql_literal(value: Any) -> str | None:
     if isinstance(value, Decimal):
         return f"{value}BD" if value.is_finite() else None
     if isinstance(value, str):
-        if "${" in value:
-            # Spark substitutes ${name} in SQL text before parsing it, inside quotes too (with a
-            # setting's or, as ${env:NAME}, a variable's value): such a key is matched by a join.
-            return None
-        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+        return sql_string(value)  # immune to ${...} substitution and escapedStringLiterals
     if isinstance(value, datetime):
         kind = "TIMESTAMP_NTZ" if value.tzinfo is None else "TIMESTAMP"
         return f"{kind}'{value.isoformat(sep=' ')}'"
