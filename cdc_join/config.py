@@ -292,7 +292,7 @@ _JOIN_KEYS = {"right", "foreign_key", "type", "as"}
 ANY = "*"  # stands for every source name when the sources section itself is wrong
 
 
-class _Problems:
+class Problems:
     """The config errors found so far. Each check runs on its own (:meth:`value`), so one
     mistake does not hide the others: a user fixes every one of them in one edit."""
 
@@ -318,9 +318,9 @@ class _Problems:
                     )
                 )
 
-    def raise_found(self) -> None:
+    def raise_found(self, path: object = None) -> None:
         if self.found:
-            raise config_errors(self.found)
+            raise config_errors(self.found, path)
 
 
 def parse_config(
@@ -342,7 +342,7 @@ def parse_config(
     base = base_dir or Path.cwd()
     if not isinstance(raw, Mapping):
         raise ConfigError("the config must be a mapping of keys to values")
-    p = _Problems()
+    p = Problems()
     p.unknown_keys(raw, _TOP_KEYS, "")
     name = p.value(lambda: _name(_required(raw, "name", ""), "name"))
     in_file = p.value(lambda: parse_tables(raw.get("tables")))
@@ -440,7 +440,7 @@ def parse_tables(value: Any) -> str | None:
 
 
 def _sources(
-    raw: Any, base: Path, check_paths: bool, p: _Problems
+    raw: Any, base: Path, check_paths: bool, p: Problems
 ) -> tuple[dict[str, SourceConfig], set[str]]:
     """The valid sources, and the names of those that are not (their errors recorded in ``p``;
     :data:`ANY` when the section itself is wrong, so that any name may be one of them)."""
@@ -461,7 +461,7 @@ def _sources(
     return out, broken
 
 
-def _source(name: Any, spec: Any, base: Path, check_paths: bool, p: _Problems) -> SourceConfig | None:
+def _source(name: Any, spec: Any, base: Path, check_paths: bool, p: Problems) -> SourceConfig | None:
     key = f"sources.{name}"
     _name(name, key)
     if not isinstance(spec, Mapping):
@@ -535,7 +535,7 @@ def _declared_columns(raw: Any, primary_key: tuple[str, ...], key: str) -> tuple
 
 
 def _joins(
-    raw: Any, sources: Mapping[str, SourceConfig], broken: set[str], left: str | None, p: _Problems
+    raw: Any, sources: Mapping[str, SourceConfig], broken: set[str], left: str | None, p: Problems
 ) -> tuple[tuple[JoinConfig, ...], set[str]]:
     """The valid joins, and the aliases of those that are not (their errors recorded in ``p``)."""
     if not isinstance(raw, list):
@@ -561,7 +561,7 @@ def _joins(
 
 
 def _one_join(
-    spec: Any, key: str, sources: Mapping[str, SourceConfig], broken: set[str], left: str | None, p: _Problems
+    spec: Any, key: str, sources: Mapping[str, SourceConfig], broken: set[str], left: str | None, p: Problems
 ) -> JoinConfig | None:
     if not isinstance(spec, Mapping):
         raise ConfigError("must be a mapping", key=key)
@@ -608,7 +608,7 @@ def _join_type(text: Any, key: str) -> JoinType:
         raise ConfigError(f"must be 'inner' or 'left', got {text!r}", key=f"{key}.type") from None
 
 
-def _select(raw: Any, aliases: set[str] | None, p: _Problems) -> tuple[tuple[str, str], ...]:
+def _select(raw: Any, aliases: set[str] | None, p: Problems) -> tuple[tuple[str, str], ...]:
     if not isinstance(raw, Mapping) or not raw:
         raise ConfigError("must be a non-empty mapping of output column to SQL expression", key="select")
     out = []

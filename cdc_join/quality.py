@@ -36,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -54,8 +54,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType, TimestampType
 
 from cdc_join.changeset import arrow_schema, from_arrow
-from cdc_join.config import JoinType, PipelineConfig
-from cdc_join.errors import ConfigError, config_errors
+from cdc_join.config import JoinType, PipelineConfig, Problems
+from cdc_join.errors import ConfigError
 from cdc_join.runlog import Checkpoint
 from cdc_join.state import newest
 from cdc_join.storage import Storage
@@ -121,30 +121,16 @@ def parse_quality(config: PipelineConfig) -> QualitySettings:
             silver does not have.
     """
     raw = config.quality
-    problems: list[ConfigError] = []
-
-    def checked(check: Callable[[], Any], default: Any = None) -> Any:
-        # Each part on its own, so one mistake does not hide the others (as for the rest).
-        try:
-            return check()
-        except ConfigError as e:
-            problems.append(e)
-            return default
-
-    problems += [
-        ConfigError(f"unknown key; expected one of {sorted(_TOP_KEYS)}", key=f"quality.{k}")
-        for k in raw
-        if k not in _TOP_KEYS
-    ]
+    p = Problems()  # each part on its own, so one mistake does not hide the others
+    p.unknown_keys(raw, _TOP_KEYS, "quality")
     settings = QualitySettings(
-        orphan_rate_max=checked(lambda: _orphan_thresholds(config, raw.get("orphan_rate_max")), {}),
-        freshness_max_minutes=checked(lambda: _freshness(raw.get("freshness_max_minutes"))),
-        quarantine_max=checked(lambda: _quarantine_limits(config, raw.get("quarantine_max")), {}),
-        severity=checked(lambda: _severities(raw.get("severity")), {}),
-        expectations=_expectations(config, raw.get("expectations"), problems),
+        orphan_rate_max=p.value(lambda: _orphan_thresholds(config, raw.get("orphan_rate_max")), {}),
+        freshness_max_minutes=p.value(lambda: _freshness(raw.get("freshness_max_minutes"))),
+        quarantine_max=p.value(lambda: _quarantine_limits(config, raw.get("quarantine_max")), {}),
+        severity=p.value(lambda: _severities(raw.get("severity")), {}),
+        expectations=_expectations(config, raw.get("expectations"), p.found),
     )
-    if problems:
-        raise config_errors(problems, config.config_path)
+    p.raise_found(config.config_path)
     return settings
 
 
