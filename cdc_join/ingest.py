@@ -121,6 +121,58 @@ class IngestReport:
     seconds: float
     reasons: Mapping[str, int] = field(default_factory=dict)
     """Quarantined lines per reason."""
+    unavailable: Mapping[str, int] = field(default_factory=dict)
+    """Per column, the events whose ``after`` image holds Debezium's placeholder for a value it
+    could not read (see :func:`unavailable_values`)."""
+
+    def warning(self) -> str | None:
+        """What the run report says about :attr:`unavailable`, if anything."""
+        if not self.unavailable:
+            return None
+        columns = ", ".join(f"{c} ({n})" for c, n in sorted(self.unavailable.items()))
+        return (
+            f"source {self.source!r}: events carry Debezium's placeholder {UNAVAILABLE_VALUE!r} instead "
+            f"of a value it could not read, in column(s) {columns}; state and silver hold the "
+            "placeholder for those rows until a later event carries the value. PostgreSQL sends it for "
+            "an unchanged TOASTed value when the table's REPLICA IDENTITY is not FULL, Oracle for an "
+            "unchanged LOB: set REPLICA IDENTITY FULL (or enable LOB capture), then snapshot the "
+            "table again (a Debezium incremental snapshot) to replace the placeholders"
+        )
+
+
+#: Debezium's default ``unavailable.value.placeholder``: the text (or its bytes) it writes for a
+#: value it could not read: PostgreSQL for an unchanged TOASTed value when the table's REPLICA
+#: IDENTITY is not FULL, Oracle for an unchanged LOB.
+UNAVAILABLE_VALUE = "__debezium_unavailable_value"
+
+
+def unavailable_values(after: pa.ChunkedArray) -> dict[str, int]:
+    """Per top-level column of the ``after`` images, how many hold :data:`UNAVAILABLE_VALUE`: as
+    the text of a string column, the bytes of a binary column, or an element of a list of text.
+
+    Counted on the driver with Arrow kernels over the batch already collected for its write.
+    """
+    found: dict[str, int] = {}
+    if not pa.types.is_struct(after.type):
+        return found
+    for i, column in enumerate(after.type):
+        values = pc.struct_field(after, [i])
+        kind = column.type
+        if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+            hits = pc.sum(pc.equal(values, UNAVAILABLE_VALUE)).as_py() or 0
+        elif pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
+            hits = pc.sum(pc.equal(values, pa.scalar(UNAVAILABLE_VALUE.encode(), kind))).as_py() or 0
+        elif (pa.types.is_list(kind) or pa.types.is_large_list(kind)) and (
+            pa.types.is_string(kind.value_type) or pa.types.is_large_string(kind.value_type)
+        ):
+            lists = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+            hit = pc.equal(pc.list_flatten(lists), UNAVAILABLE_VALUE)
+            hits = len(pc.unique(pc.filter(pc.list_parent_indices(lists), hit)))
+        else:
+            continue
+        if hits:
+            found[column.name] = int(hits)
+    return found
 
 
 @dataclass(frozen=True)
@@ -231,8 +283,8 @@ def ingest_source(
     if pending and progress is not None:
         size = sum(f.size for f in pending) / 1e6
         progress(f"  ingest {source_name}: {len(pending)} new file(s), {size:.1f} MB ...")
-    counts, reasons = (
-        _ingest_files(spark, storage, config, source_name, pending, after_step) if pending else ({}, {})
+    counts, reasons, unavailable = (
+        _ingest_files(spark, storage, config, source_name, pending, after_step) if pending else ({}, {}, {})
     )
     total = _FileCounts(*(sum(column) for column in zip(*(astuple(c) for c in counts.values()), strict=True)))
     if pending and progress is not None:
@@ -249,6 +301,7 @@ def ingest_source(
         quarantined=total.quarantined,
         seconds=time.monotonic() - started,
         reasons=reasons,
+        unavailable=unavailable,
     )
 
 
@@ -306,9 +359,10 @@ def _ingest_files(
     source_name: str,
     pending: Sequence[LandedFile],
     after_step: StepHook | None,
-) -> tuple[dict[str, _FileCounts], dict[str, int]]:
+) -> tuple[dict[str, _FileCounts], dict[str, int], dict[str, int]]:
     """Parse ``pending`` (one Spark job for the batch's schemas, one for its lines), then write;
-    the outcome counts per file, and the quarantined lines per reason.
+    the outcome counts per file, the quarantined lines per reason, and per column the events
+    holding Debezium's placeholder for a value it could not read.
 
     A file Spark cannot read at all (a truncated gzip, say) fails the batch's job; then each
     file is tried alone, and those that fail are quarantined whole, with the reason, while the
@@ -334,7 +388,8 @@ def _ingest_files(
         )
         outcome = parsed.with_unreadable(source_name, unreadable)
     counts = _write_all(spark, storage, config, source_name, pending, outcome, after_step)
-    return counts, outcome.quarantine.value_counts("reason") if outcome.quarantine.rows else {}
+    reasons = outcome.quarantine.value_counts("reason") if outcome.quarantine.rows else {}
+    return counts, reasons, dict(outcome.unavailable)
 
 
 def _parse(
@@ -400,6 +455,7 @@ class _Outcome:
     counts: dict[str, _FileCounts]
     row_schema: StructType
     ingested_at: datetime
+    unavailable: Mapping[str, int] = field(default_factory=dict)
 
     @classmethod
     def of(cls, parsed: ParsedBatch, source_name: str, ingested_at: datetime) -> _Outcome:
@@ -437,6 +493,7 @@ class _Outcome:
             counts=_counts_by_file(table),
             row_schema=parsed.row_schema,
             ingested_at=ingested_at,
+            unavailable=unavailable_values(events.column("_after")),
         )
 
     def with_unreadable(self, source_name: str, unreadable: Mapping[str, str]) -> _Outcome:

@@ -111,6 +111,9 @@ class Pipeline:
                         counts[name] = {"files": r.files, "events": r.events, "quarantined": r.quarantined}
                         if r.reasons:
                             counts[name]["reasons"] = dict(r.reasons)
+                        if r.unavailable:
+                            counts[name]["unavailable_values"] = dict(r.unavailable)
+                            report.warnings.append(r.warning() or "")
             checkpoint = self._join(begin, report, plan)
             commit_run(
                 self.storage, self.config, checkpoint, kind, started, report.to_dict(), begin.log_version

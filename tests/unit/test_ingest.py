@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 from pathlib import Path
@@ -455,3 +456,85 @@ def test_an_ingest_leaves_nothing_in_spark_s_cache(spark, storage, landed):
     cached_before = spark.sparkContext._jsc.getPersistentRDDs().size()
     ingest_all(spark, storage, landed)
     assert spark.sparkContext._jsc.getPersistentRDDs().size() == cached_before
+
+
+# -- Debezium's placeholder for a value it could not read -------------------------------------
+
+_TOASTED_ROW = [
+    {"field": "id", "type": "int32"},
+    {"field": "bio", "type": "string", "optional": True},
+    {"field": "photo", "type": "bytes", "optional": True},
+    {"field": "tags", "type": "array", "items": {"type": "string"}, "optional": True},
+]
+_TOASTED_SCHEMA = {
+    "type": "struct",
+    "fields": [
+        {"field": "before", "type": "struct", "optional": True, "fields": _TOASTED_ROW},
+        {"field": "after", "type": "struct", "optional": True, "fields": _TOASTED_ROW},
+        {"field": "op", "type": "string"},
+        {"field": "ts_ms", "type": "int64", "optional": True},
+    ],
+}
+
+
+def _toasted(op: str, lsn: int, **after) -> str:
+    source = {"connector": "postgresql", "lsn": lsn}
+    payload = {"op": op, "before": None, "after": after, "source": source, "ts_ms": lsn}
+    return json.dumps({"schema": _TOASTED_SCHEMA, "payload": payload})
+
+
+def test_placeholders_for_values_debezium_could_not_read_are_counted_and_the_run_warns(
+    spark, storage, tmp_path
+):
+    """PostgreSQL sends ``__debezium_unavailable_value`` for an unchanged TOASTed column when the
+    table's REPLICA IDENTITY is not FULL (as text, base64 bytes, or an array element): silver
+    would hold it, so the run report says so, naming the columns, and the events still land."""
+    from cdc_join.ingest import UNAVAILABLE_VALUE
+    from cdc_join.pipeline import Pipeline
+
+    config = pipeline(tmp_path)
+    placeholder_bytes = base64.b64encode(UNAVAILABLE_VALUE.encode()).decode()
+    lines = [
+        _toasted("c", 1, id=1, bio="a long text", photo=base64.b64encode(b"png").decode(), tags=["x"]),
+        _toasted("u", 2, id=1, bio=UNAVAILABLE_VALUE, photo=placeholder_bytes, tags=[UNAVAILABLE_VALUE]),
+        _toasted("c", 3, id=2, bio="short", photo=None, tags=None),
+        _toasted("u", 4, id=2, bio=UNAVAILABLE_VALUE, photo=None, tags=["y", None]),
+    ]
+    land(config, "001.jsonl", "\n".join(lines) + "\n")
+
+    report = Pipeline(config, spark, storage).run()
+
+    counts = report.steps["ingest"]["customers"]
+    assert (counts["events"], counts["unavailable_values"]) == (4, {"bio": 2, "photo": 1, "tags": 1})
+    [warning] = report.warnings
+    assert "'customers'" in warning and "bio (2), photo (1), tags (1)" in warning
+    assert UNAVAILABLE_VALUE in warning and "REPLICA IDENTITY FULL" in warning
+    assert f"WARNING: {warning}" in report.summary()
+
+
+def test_unavailable_values_counts_text_bytes_and_text_lists_of_the_after_images():
+    import pyarrow as pa
+
+    from cdc_join.ingest import UNAVAILABLE_VALUE, unavailable_values
+
+    ph = UNAVAILABLE_VALUE
+    kind = pa.struct(
+        [
+            ("s", pa.string()),
+            ("ls", pa.large_string()),
+            ("b", pa.binary()),
+            ("l", pa.list_(pa.string())),
+            ("n", pa.int64()),
+            ("st", pa.struct([("inner", pa.string())])),
+        ]
+    )
+    rows = [
+        {"s": ph, "ls": ph, "b": ph.encode(), "l": [ph, ph], "n": 1, "st": {"inner": ph}},
+        {"s": "x", "ls": None, "b": b"x", "l": [None, ph], "n": None, "st": None},
+        None,  # an event without an after image (a delete)
+    ]
+    later = [{"s": ph, "ls": "y", "b": None, "l": None, "n": 2, "st": None}]
+    after = pa.chunked_array([pa.array(rows, kind), pa.array(later, kind)])
+
+    assert unavailable_values(after) == {"s": 2, "ls": 1, "b": 1, "l": 2}
+    assert unavailable_values(pa.chunked_array([], kind)) == {}
