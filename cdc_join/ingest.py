@@ -34,6 +34,7 @@ not make its files new.
 
 from __future__ import annotations
 
+import base64
 import bisect
 import dataclasses
 import hashlib
@@ -125,10 +126,36 @@ class IngestReport:
     """Per column, the events whose ``after`` image holds Debezium's placeholder for a value it
     could not read (see :func:`unavailable_values`)."""
 
-    def warning(self) -> str | None:
-        """What the run report says about :attr:`unavailable`, if anything."""
-        if not self.unavailable:
-            return None
+    unread: tuple[str, ...] = ()
+    """Files in the landing folder a run does not read: their names end otherwise than
+    ``.json``, ``.jsonl``, ``.json.gz`` or ``.jsonl.gz`` (and do not mark them as still being
+    written)."""
+
+    missing_folder: str | None = None
+    """The landing folder, when it does not exist (yet)."""
+
+    def warnings(self) -> list[str]:
+        """What the run report says about :attr:`missing_folder`, :attr:`unread` and
+        :attr:`unavailable`, if anything."""
+        found = []
+        if self.missing_folder is not None:
+            found.append(
+                f"source {self.source!r}: its landing folder {self.missing_folder} does not exist (yet), "
+                "so nothing was ingested from it; check the source's 'landing' path if events should be there"
+            )
+        if self.unread:
+            more = len(self.unread) - 5
+            shown = ", ".join(self.unread[:5]) + (f" and {more} more" if more > 0 else "")
+            found.append(
+                f"source {self.source!r}: {len(self.unread)} file(s) in its landing folder are not read, as "
+                f"their names do not end in .json, .jsonl, .json.gz or .jsonl.gz: {shown}. Land their "
+                "events again under such a name, or move the files out of the folder"
+            )
+        if self.unavailable:
+            found.append(self._unavailable_warning())
+        return found
+
+    def _unavailable_warning(self) -> str:
         columns = ", ".join(f"{c} ({n})" for c, n in sorted(self.unavailable.items()))
         return (
             f"source {self.source!r}: events carry Debezium's placeholder {UNAVAILABLE_VALUE!r} instead "
@@ -144,11 +171,14 @@ class IngestReport:
 #: value it could not read: PostgreSQL for an unchanged TOASTed value when the table's REPLICA
 #: IDENTITY is not FULL, Oracle for an unchanged LOB.
 UNAVAILABLE_VALUE = "__debezium_unavailable_value"
+#: The same placeholder as base64 text: a ``bytea`` column of payload-only events is a string.
+_UNAVAILABLE_BASE64 = base64.b64encode(UNAVAILABLE_VALUE.encode()).decode()
 
 
 def unavailable_values(after: pa.ChunkedArray) -> dict[str, int]:
     """Per top-level column of the ``after`` images, how many hold :data:`UNAVAILABLE_VALUE`: as
-    the text of a string column, the bytes of a binary column, or an element of a list of text.
+    the text of a string column (or that text in base64), the bytes of a binary column, or an
+    element of a list of text.
 
     Counted on the driver with Arrow kernels over the batch already collected for its write.
     """
@@ -159,13 +189,14 @@ def unavailable_values(after: pa.ChunkedArray) -> dict[str, int]:
         values = pc.struct_field(after, [i])
         kind = column.type
         if pa.types.is_string(kind) or pa.types.is_large_string(kind):
-            hits = pc.sum(pc.equal(values, UNAVAILABLE_VALUE)).as_py() or 0
+            hits = pc.sum(pc.is_in(values, pa.array([UNAVAILABLE_VALUE, _UNAVAILABLE_BASE64]))).as_py() or 0
         elif pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
             hits = pc.sum(pc.equal(values, pa.scalar(UNAVAILABLE_VALUE.encode(), kind))).as_py() or 0
         elif (pa.types.is_list(kind) or pa.types.is_large_list(kind)) and (
             pa.types.is_string(kind.value_type) or pa.types.is_large_string(kind.value_type)
         ):
-            lists = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+            # Null lists (or null images) may cover values flatten() skips: drop them first.
+            lists = pc.drop_null(values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values)
             hit = pc.equal(pc.list_flatten(lists), UNAVAILABLE_VALUE)
             hits = len(pc.unique(pc.filter(pc.list_parent_indices(lists), hit)))
         else:
@@ -218,10 +249,13 @@ def ingest_all(
     them, and only its data files whose name range can hold a listed file.
     """
     since = _listing_since(storage, config)
-    listed = {
-        name: list_landing(spark, source.landing, modified_after=since)
+    found = {
+        name: _list_folder(spark, source.landing, since)
         for name, source in config.sources.items()
         if source.landing is not None
+    }
+    listed = {
+        name: [f for f in files or [] if f.name.endswith(_LANDING_SUFFIXES)] for name, files in found.items()
     }
     done = _logged(storage, config, listed)
     return {
@@ -233,6 +267,8 @@ def ingest_all(
             after_step=after_step,
             done=done.get(name, {}),
             listed=files,
+            unread=_unread(found[name]),
+            missing=found[name] is None,
             progress=progress,
         )
         for name, files in listed.items()
@@ -248,6 +284,8 @@ def ingest_source(
     after_step: StepHook | None = None,
     done: Mapping[str, Logged] | None = None,
     listed: Sequence[LandedFile] | None = None,
+    unread: Sequence[str] = (),
+    missing: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> IngestReport:
     """Ingest the landing files of one source that the ingest log does not name yet.
@@ -260,7 +298,9 @@ def ingest_source(
         after_step: called with each name of :data:`STEPS` after that write; an exception it
             raises stops the ingest there (tests use it to simulate a crash).
         done: what the ingest log records of this source's files, when the caller has read it.
-        listed: the source's landing files, when the caller has listed them.
+        listed: the source's landing files, when the caller has listed them (then ``unread``
+            names the folder's other files, which the report lists, and ``missing`` says the
+            folder does not exist).
         progress: called with a line before and after parsing new files (for long ingests).
 
     Returns:
@@ -275,7 +315,10 @@ def ingest_source(
     if source.landing is None:
         raise InputError(f"source {source_name!r} has no landing folder to ingest")
     if listed is None:
-        listed = list_landing(spark, source.landing, modified_after=_listing_since(storage, config))
+        found = _list_folder(spark, source.landing, _listing_since(storage, config))
+        listed = [f for f in found or [] if f.name.endswith(_LANDING_SUFFIXES)]
+        unread = _unread(found)
+        missing = found is None
     if done is None:
         done = _logged(storage, config, {source_name: listed}).get(source_name, {})
     _fail_on_changed_files(source_name, listed, done)
@@ -302,6 +345,8 @@ def ingest_source(
         seconds=time.monotonic() - started,
         reasons=reasons,
         unavailable=unavailable,
+        unread=tuple(unread),
+        missing_folder=source.landing if missing else None,
     )
 
 
@@ -770,6 +815,16 @@ def list_landing(
     ``binaryFile`` source, content not read), so every file system Spark can read works. With
     ``modified_after``, files modified before it are left out.
     """
+    found = _list_folder(spark, folder, modified_after) or []
+    return [f for f in found if f.name.endswith(_LANDING_SUFFIXES)]
+
+
+def _list_folder(
+    spark: SparkSession, folder: str, modified_after: datetime | None
+) -> list[LandedFile] | None:
+    """Every file in ``folder`` and its subfolders that is not still being written, by name:
+    the landing files and the files a run does not read (other name endings). ``None`` when
+    the folder does not exist (yet)."""
     local = _local_folder(folder)
     if local is not None:
         return _list_local(local, modified_after)
@@ -785,7 +840,7 @@ def list_landing(
         )
     except AnalysisException as exc:
         if "PATH_NOT_FOUND" in str(exc.getCondition() or exc):
-            return []  # no file has landed yet (or the folder is not there yet)
+            return None  # the folder is not there (yet)
         raise
     key = _folder_key(folder)
     files = []
@@ -794,7 +849,7 @@ def list_landing(
         at = path.find(key)
         name = path[at + len(key) :] if at >= 0 else path.rsplit("/", 1)[-1]
         files.append(LandedFile(name, path, int(r["length"]), r["modified_ms"]))
-    return sorted((f for f in files if _is_landing_name(f.name)), key=lambda f: f.name)
+    return sorted((f for f in files if not _in_progress(f.name)), key=lambda f: f.name)
 
 
 def _folder_key(folder: str) -> str:
@@ -811,10 +866,10 @@ def _local_folder(folder: str) -> str | None:
     return None if _SCHEME.match(folder) else folder
 
 
-def _list_local(folder: str, modified_after: datetime | None = None) -> list[LandedFile]:
+def _list_local(folder: str, modified_after: datetime | None = None) -> list[LandedFile] | None:
     root = os.path.abspath(folder)
     if not os.path.isdir(root):
-        return []  # no file has landed yet (or the folder is not there yet)
+        return None  # the folder is not there (yet)
     after_ns = None if modified_after is None else int(modified_after.timestamp() * 1e9)
     files = []
     for parent, folders, names in os.walk(root):
@@ -830,13 +885,17 @@ def _list_local(folder: str, modified_after: datetime | None = None) -> list[Lan
             # The form Spark's own listing gives (``file:`` plus the absolute path, not URI-encoded).
             modified_ms = stat.st_mtime_ns // 1_000_000
             files.append(LandedFile(relative, "file:" + path, stat.st_size, modified_ms))
-    return sorted((f for f in files if _is_landing_name(f.name)), key=lambda f: f.name)
+    return sorted((f for f in files if not _in_progress(f.name)), key=lambda f: f.name)
 
 
-def _is_landing_name(name: str) -> bool:
-    return not any(part.startswith(_IN_PROGRESS) for part in name.split("/")) and name.endswith(
-        _LANDING_SUFFIXES
-    )
+def _unread(found: Sequence[LandedFile] | None) -> list[str]:
+    """The names of ``found`` a run does not read, bar empty files (such as the ``_$folder$``
+    markers some object-store clients write): nothing in them is left out."""
+    return [f.name for f in found or [] if not f.name.endswith(_LANDING_SUFFIXES) and f.size > 0]
+
+
+def _in_progress(name: str) -> bool:
+    return any(part.startswith(_IN_PROGRESS) for part in name.split("/"))
 
 
 def _glob_escape(path: str) -> str:

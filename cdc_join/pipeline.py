@@ -113,7 +113,9 @@ class Pipeline:
                             counts[name]["reasons"] = dict(r.reasons)
                         if r.unavailable:
                             counts[name]["unavailable_values"] = dict(r.unavailable)
-                            report.warnings.append(r.warning() or "")
+                        if r.unread:
+                            counts[name]["unread_files"] = len(r.unread)
+                        report.warnings += r.warnings()
             checkpoint = self._join(begin, report, plan)
             commit_run(
                 self.storage, self.config, checkpoint, kind, started, report.to_dict(), begin.log_version

@@ -219,7 +219,7 @@ def test_a_second_ingest_of_the_same_folder_adds_nothing(spark, storage, ingeste
     again = ingest_all(spark, storage, config)["customers"]
 
     assert (first.files, first.events) == (3, 11)
-    assert again == IngestReport("customers", 0, 0, 0, 0, 0, again.seconds)
+    assert again == IngestReport("customers", 0, 0, 0, 0, 0, again.seconds, unread=("notes.txt",))
     assert [storage.version(p) for p in tables] == versions
     assert bronze_keys(spark, storage, config) == EXPECTED_BRONZE
 
@@ -534,7 +534,56 @@ def test_unavailable_values_counts_text_bytes_and_text_lists_of_the_after_images
         None,  # an event without an after image (a delete)
     ]
     later = [{"s": ph, "ls": "y", "b": None, "l": None, "n": 2, "st": None}]
-    after = pa.chunked_array([pa.array(rows, kind), pa.array(later, kind)])
+    # A bytea column of payload-only events is text: the placeholder's bytes in base64.
+    as_base64 = [{"s": base64.b64encode(ph.encode()).decode(), "ls": None, "b": None, "l": [], "n": 3}]
+    # Null images over non-empty values (Arrow lets a null slot cover anything).
+    values = pa.array([[ph], ["z"]], pa.list_(pa.string()))
+    children = [pa.array([ph, ph]), pa.nulls(2, pa.large_string()), pa.nulls(2, pa.binary()), values]
+    children += [pa.nulls(2, pa.int64()), pa.nulls(2, kind.field("st").type)]
+    masked = pa.StructArray.from_arrays(
+        children,
+        fields=list(kind),
+        mask=pa.array([True, False]),
+    )
+    after = pa.chunked_array([pa.array(rows, kind), pa.array(later, kind), pa.array(as_base64, kind), masked])
 
-    assert unavailable_values(after) == {"s": 2, "ls": 1, "b": 1, "l": 2}
+    assert unavailable_values(after) == {"s": 4, "ls": 1, "b": 1, "l": 2}
     assert unavailable_values(pa.chunked_array([], kind)) == {}
+
+
+def test_files_a_run_does_not_read_by_their_names_are_named_in_a_warning_every_run(spark, storage, tmp_path):
+    """A file named otherwise than .json/.jsonl(.gz) (``.ndjson``, another compression) is not
+    read; the run says so, naming it, rather than ingesting nothing in silence. Files still
+    being written (``_``, ``.``, ``+``) are expected there and not named."""
+    from cdc_join.pipeline import Pipeline
+
+    config = land_three_files(tmp_path)
+    folder = Path(config.sources["customers"].landing or "")
+    (folder / "sub").mkdir()
+    for name in ("a.ndjson", "sub/b.json.zst", "c.jsonl.bz2", "d.txt", "e.csv", "f.avro"):
+        (folder / name).write_text(event("c", {"id": 7}, 1) + "\n")
+
+    report = Pipeline(config, spark, storage).run()
+
+    counts = report.steps["ingest"]["customers"]
+    assert (counts["files"], counts["unread_files"]) == (3, 7)
+    [warning] = report.warnings
+    assert "'customers': 7 file(s) in its landing folder are not read" in warning
+    assert "a.ndjson, c.jsonl.bz2, d.txt, e.csv, f.avro and 2 more" in warning
+    again = ingest_all(spark, storage, config)["customers"]
+    assert again.files == 0 and "sub/b.json.zst" in again.unread and "notes.txt" in again.unread
+    assert not any("_still_writing" in w or ".hidden" in w for w in again.warnings())
+
+
+def test_a_landing_folder_that_does_not_exist_is_named_in_a_warning(spark, storage, tmp_path):
+    config = pipeline(tmp_path)
+    folder = Path(config.sources["customers"].landing or "")
+    folder.rmdir()
+
+    report = ingest_all(spark, storage, config)["customers"]
+
+    assert (report.files, report.missing_folder) == (0, config.sources["customers"].landing)
+    [warning] = report.warnings()
+    assert f"'customers': its landing folder {folder} does not exist" in warning
+    folder.mkdir()
+    assert ingest_all(spark, storage, config)["customers"].warnings() == []
