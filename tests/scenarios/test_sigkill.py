@@ -17,6 +17,7 @@ trial kills a full refresh), ``CDC_JOIN_KILL_SEED`` picks the events and kill po
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -42,8 +43,8 @@ def _step_lines(lines: list[str]) -> int:
 
 def _killed(config: Path, command: str, after_steps: int, delay: float) -> tuple[int | None, str]:
     """Start ``cdc-join COMMAND CONFIG``; SIGKILL its process group ``delay`` seconds after it
-    printed its ``after_steps``-th step line. Returns its exit status (``None``: killed) and the
-    last line it printed."""
+    printed its ``after_steps``-th step line. Returns its exit status (``None``: killed while
+    still running) and the last line it printed."""
     process = subprocess.Popen(
         [sys.executable, "-c", _CLI, command, str(config)],
         stdout=subprocess.PIPE,
@@ -53,16 +54,19 @@ def _killed(config: Path, command: str, after_steps: int, delay: float) -> tuple
     )
     assert process.stdout is not None
     seen: list[str] = []
-    for line in process.stdout:
-        seen.append(line.rstrip("\n"))
-        if _step_lines(seen) >= after_steps:
-            time.sleep(delay)
-            break
-    killed = process.poll() is None
-    if killed:
-        os.killpg(process.pid, signal.SIGKILL)
-    status = process.wait(timeout=300)
-    process.stdout.close()
+    killed = False
+    try:
+        for line in process.stdout:
+            seen.append(line.rstrip("\n"))
+            if _step_lines(seen) >= after_steps:
+                time.sleep(delay)
+                killed = process.poll() is None
+                break
+    finally:  # killed here whatever happens, so no JVM outlives the test
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        status = process.wait(timeout=300)
+        process.stdout.close()
     return (None if killed else status), (seen[-1] if seen else "")
 
 
