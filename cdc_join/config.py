@@ -27,7 +27,7 @@ _QUALIFIED = re.compile(r"(?<![\w.`])`?([A-Za-z_][A-Za-z0-9_]*)`?\s*\.\s*`?[A-Za
 # Lambda parameters of higher-order functions: `x -> x.a`, `(acc, x) -> acc + x.a`.
 _LAMBDA_PARAMS = re.compile(r"(?:\(\s*([A-Za-z_][\w\s,]*)\)|\b([A-Za-z_]\w*))\s*->")
 
-CONNECTORS = ("postgresql", "mysql", "sqlserver")
+CONNECTORS = ("postgresql", "mysql", "mariadb", "sqlserver", "db2", "oracle")
 #: What a run that quarantined events ends with: ``fail`` (exit code 3) or ``warn`` (exit 0).
 ON_QUARANTINE = ("fail", "warn")
 

@@ -9,9 +9,19 @@ Rules (``sequence_by`` in the config wins over all of them):
 
 - PostgreSQL: ``(source.sequence[0], source.sequence[1] or source.lsn)``; per-event LSNs are
   not monotonic across interleaved transactions, the ``[last_commit_lsn, lsn]`` pair is;
-- MySQL: ``(source.file, source.pos, source.row)``;
+- MySQL and MariaDB: ``(source.file, source.pos, source.row)``;
 - SQL Server: ``(source.commit_lsn, source.change_lsn, source.event_serial_no)``;
+- Db2: ``(source.commit_lsn, source.change_lsn)`` (a snapshot row carries the snapshot's LSN as
+  its ``commit_lsn`` and no ``change_lsn``);
+- Oracle: ``(source.commit_scn or source.scn, source.scn)``: a change counts from the SCN its
+  transaction committed at, a snapshot row (no ``commit_scn``) from the snapshot's SCN, so a
+  transaction open across the snapshot still wins over the snapshot's older row;
 - anything else: ``(source.ts_ms, ts_ms)``.
+
+A snapshot row carries the position the snapshot read the database at (binlog position, LSN,
+SCN), so a change made while a long snapshot ran sorts after it. Timestamps cannot promise that
+(a snapshot's ``source.ts_ms`` is taken once per table): connectors without a rule here are
+better given ``sequence_by``.
 
 Events with equal ``_seq`` are ordered by landing file name, then line (see
 :mod:`cdc_join.state`); an event without any sequence field is quarantined.
@@ -60,7 +70,10 @@ class SequenceRule:
 DEFAULT_FIELDS = {
     "postgresql": ("source.sequence", "source.lsn"),
     "mysql": ("source.file", "source.pos", "source.row"),
+    "mariadb": ("source.file", "source.pos", "source.row"),
     "sqlserver": ("source.commit_lsn", "source.change_lsn", "source.event_serial_no"),
+    "db2": ("source.commit_lsn", "source.change_lsn"),
+    "oracle": ("source.commit_scn", "source.scn"),
     "": ("source.ts_ms", "ts_ms"),
 }
 
@@ -81,8 +94,10 @@ def sequence_rule(
     - postgresql: ``(source.sequence[0], source.sequence[1] or source.lsn)``, the
       ``[last_commit_lsn, lsn]`` pair element-wise. Events without ``source.sequence`` (older
       connectors) compare as ``('', lsn)``, so one rule holds whatever the batch contains;
-    - mysql: ``(source.file, source.pos, source.row)``;
+    - mysql, mariadb: ``(source.file, source.pos, source.row)``;
     - sqlserver: ``(source.commit_lsn, source.change_lsn, source.event_serial_no)``;
+    - db2: ``(source.commit_lsn, source.change_lsn)``;
+    - oracle: ``(source.commit_scn or source.scn, source.scn)``;
     - anything else: ``(source.ts_ms, ts_ms)``.
 
     Args:
@@ -157,6 +172,9 @@ def require_sequence(
 
 def _sequence_components(rule: SequenceRule) -> list[str]:
     """The rule's components as variant expressions over the payload ``__p``, in order."""
+    if rule.name == "oracle":
+        scn = present(get("__p", ".source.scn"))
+        return [f"coalesce({present(get('__p', '.source.commit_scn'))}, {scn})", scn]
     if rule.name != "postgresql":
         return [present(get("__p", steps(f))) for f in rule.fields]
     text = "try_variant_get(__p, '$.source.sequence', 'string')"

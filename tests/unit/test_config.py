@@ -610,7 +610,7 @@ def test_empty_sequence_by_list_names_key_and_file(project: Path) -> None:
     _fails(_write(project, raw), "sources.orders.sequence_by")
 
 
-@pytest.mark.parametrize("connector", ["postgres", "oracle", "PostgreSQL", 5])
+@pytest.mark.parametrize("connector", ["postgres", "informix", "PostgreSQL", 5])
 def test_unknown_connector_names_key_and_file(project: Path, connector: Any) -> None:
     raw = _base()
     raw["sources"]["orders"]["connector"] = connector
@@ -649,7 +649,7 @@ def test_a_source_that_is_not_joined_names_key_and_file(project: Path) -> None:
 
 def test_every_mistake_is_reported_at_once_each_naming_its_key(project: Path) -> None:
     raw = _base()
-    raw["sources"]["orders"]["connector"] = "oracle"
+    raw["sources"]["orders"]["connector"] = "informix"
     raw["sources"]["customers"]["primary_key"] = []
     raw["joins"][0]["type"] = "outer"
     raw["select"]["_hidden"] = "orders.id"
@@ -686,7 +686,7 @@ def test_a_mistake_is_not_reported_again_through_what_depends_on_it(project: Pat
     assert not isinstance(err, ConfigErrors)
     # A broken source: joins naming it are not "unknown source" too.
     raw = _base()
-    raw["sources"]["customers"]["connector"] = "db2"
+    raw["sources"]["customers"]["connector"] = "informix"
     err = _fails(_write(project, raw), "sources.customers.connector")
     assert not isinstance(err, ConfigErrors)
 

@@ -622,7 +622,8 @@ def order_of(outcome: Outcome) -> list[int]:
     return [line for (_, line), r in sorted(outcome.events.items(), key=lambda kv: kv[1]._seq)]
 
 
-def test_mysql_binlog_positions_sort_like_tuples(spark):
+@pytest.mark.parametrize("connector", ["mysql", "mariadb"])
+def test_mysql_binlog_positions_sort_like_tuples(spark, connector):
     positions = [
         ("mysql-bin.000009", 10, 0),
         ("mysql-bin.000009", 9, 1),
@@ -633,13 +634,63 @@ def test_mysql_binlog_positions_sort_like_tuples(spark):
         ("mysql-bin.000010", 100, 10),
     ]
     texts = [
-        event("u", {"id": 1}, source={"connector": "mysql", "file": f, "pos": p, "row": r})
+        event("u", {"id": 1}, source={"connector": connector, "file": f, "pos": p, "row": r})
         for f, p, r in positions
     ]
     outcome = parse(text_lines(spark, texts), source("id"))
-    assert outcome.batch.sequence.name == "mysql"
+    assert outcome.batch.sequence.name == connector
     expected = [i + 1 for i, _ in sorted(enumerate(positions), key=lambda ip: ip[1])]
     assert order_of(outcome) == expected
+
+
+def test_a_snapshot_row_sorts_by_the_position_it_was_read_at_not_by_its_timestamp(spark):
+    """A change made while a long snapshot ran has an earlier ``source.ts_ms`` than the snapshot
+    rows (stamped once per table) but a later position, and must win over the row the snapshot
+    read. Db2 snapshot rows carry the snapshot's LSN as ``commit_lsn`` and no ``change_lsn``;
+    Oracle's carry the snapshot SCN as ``scn`` and no ``commit_scn``, and a transaction open
+    across the snapshot (a change SCN before it, a commit SCN after) still wins; a later
+    snapshot (a re-snapshot) wins over the changes committed before it."""
+    db2 = [  # (op, commit_lsn, change_lsn, ts_ms); lines in the order they should sort
+        ("r", "00000027:00000758:0003", None, 9_000),
+        ("u", "00000027:00000759:0001", "00000027:00000758:0007", 5_000),
+        ("u", "00000027:00000759:0001", "00000027:00000759:0000", 5_000),
+        ("u", "00000028:00000001:0001", "00000028:00000000:0001", 6_000),
+    ]
+    texts = [
+        event(
+            op,
+            {"id": 1},
+            source={"connector": "db2", "commit_lsn": c, "ts_ms": ts, **({"change_lsn": x} if x else {})},
+        )
+        for op, c, x, ts in reversed(db2)
+    ]
+    outcome = parse(text_lines(spark, texts), source("id"))
+    assert outcome.batch.sequence.name == "db2"
+    assert order_of(outcome) == [4, 3, 2, 1]
+
+    oracle = [  # (op, commit_scn, scn, ts_ms)
+        ("r", None, "1000", 9_000),  # the snapshot, at SCN 1000
+        ("u", "1005", "990", 5_000),  # changed before the snapshot's SCN, committed after it
+        ("u", "1010", "1008", 5_500),
+        ("u", "1010", "1009", 5_500),  # the same transaction, a later change
+        ("u", "1500", "1499", 6_000),
+        ("r", None, "2000", 7_000),  # a later snapshot
+        ("u", "20000", "19999", 8_000),  # more digits: compared as numbers, not text
+    ]
+    texts = [
+        event(
+            op,
+            {"id": 1},
+            source={"connector": "oracle", "scn": scn, "ts_ms": ts, **({"commit_scn": c} if c else {})},
+        )
+        for op, c, scn, ts in reversed(oracle)
+    ]
+    outcome = parse(text_lines(spark, texts), source("id"))
+    assert outcome.batch.sequence.name == "oracle"
+    assert order_of(outcome) == [7, 6, 5, 4, 3, 2, 1]
+    # The timestamp rule gets the snapshot wrong: its row would win over the later changes.
+    by_time = parse(text_lines(spark, texts), source("id", sequence_by=("source.ts_ms",)))
+    assert order_of(by_time)[-1] == 7  # the first snapshot row (line 7) sorts newest
 
 
 def test_postgres_sequence_pairs_sort_element_wise_and_fall_back_to_lsn(spark):
