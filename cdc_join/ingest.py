@@ -125,12 +125,10 @@ class IngestReport:
     unavailable: Mapping[str, int] = field(default_factory=dict)
     """Per column, the events whose ``after`` image holds Debezium's placeholder for a value it
     could not read (see :func:`unavailable_values`)."""
-
     unread: tuple[str, ...] = ()
     """Files in the landing folder a run does not read: their names end otherwise than
     ``.json``, ``.jsonl``, ``.json.gz`` or ``.jsonl.gz`` (and do not mark them as still being
     written)."""
-
     missing_folder: str | None = None
     """The landing folder, when it does not exist (yet)."""
 
@@ -254,9 +252,7 @@ def ingest_all(
         for name, source in config.sources.items()
         if source.landing is not None
     }
-    listed = {
-        name: [f for f in files or [] if f.name.endswith(_LANDING_SUFFIXES)] for name, files in found.items()
-    }
+    listed = {name: _landing_files(files) for name, files in found.items()}
     done = _logged(storage, config, listed)
     return {
         name: ingest_source(
@@ -316,7 +312,7 @@ def ingest_source(
         raise InputError(f"source {source_name!r} has no landing folder to ingest")
     if listed is None:
         found = _list_folder(spark, source.landing, _listing_since(storage, config))
-        listed = [f for f in found or [] if f.name.endswith(_LANDING_SUFFIXES)]
+        listed = _landing_files(found)
         unread = _unread(found)
         missing = found is None
     if done is None:
@@ -815,8 +811,7 @@ def list_landing(
     ``binaryFile`` source, content not read), so every file system Spark can read works. With
     ``modified_after``, files modified before it are left out.
     """
-    found = _list_folder(spark, folder, modified_after) or []
-    return [f for f in found if f.name.endswith(_LANDING_SUFFIXES)]
+    return _landing_files(_list_folder(spark, folder, modified_after))
 
 
 def _list_folder(
@@ -886,6 +881,11 @@ def _list_local(folder: str, modified_after: datetime | None = None) -> list[Lan
             modified_ms = stat.st_mtime_ns // 1_000_000
             files.append(LandedFile(relative, "file:" + path, stat.st_size, modified_ms))
     return sorted((f for f in files if not _in_progress(f.name)), key=lambda f: f.name)
+
+
+def _landing_files(found: Sequence[LandedFile] | None) -> list[LandedFile]:
+    """The files of a folder's listing that a run reads, by their names."""
+    return [f for f in found or [] if f.name.endswith(_LANDING_SUFFIXES)]
 
 
 def _unread(found: Sequence[LandedFile] | None) -> list[str]:
