@@ -779,7 +779,13 @@ def _epoch_ms(value: datetime) -> int:
 
 def recorded_sequence(storage: Storage, bronze_path: str) -> tuple[str, ...] | None:
     """The sequence fields bronze's events were ordered by (the names in ``_seq_values`` of one
-    of its rows), or ``None`` when it has no such row. Reads one column of its smallest file."""
+    of its rows), or ``None`` when it has no such row. Reads one column of its smallest file.
+
+    Rows ingested since 2026-11-27 name every field of the rule. Older rows left out the fields
+    their event lacked (a SQL Server snapshot row has no ``change_lsn``); the rule read from
+    them is the one earlier versions read too, and kept ordering later batches by, so a lake
+    goes on as it was (see the README's sequence defaults).
+    """
     if "_seq_values" not in storage.schema(bronze_path).names:
         return None
     files = [f for f in storage.files(bronze_path) if f.num_records != 0]
@@ -787,8 +793,8 @@ def recorded_sequence(storage: Storage, bronze_path: str) -> tuple[str, ...] | N
         return None
     smallest = min(files, key=lambda f: f.size_bytes)
     values = storage.read_arrow(bronze_path, columns=["_seq_values"], files=[smallest.path]).column(0)
-    text = next((v for v in values.to_pylist() if v), None)
-    return tuple(json.loads(text)) if text else None
+    valid = values.filter(pc.is_valid(values))
+    return tuple(json.loads(valid[0].as_py())) if len(valid) else None
 
 
 def _known_row(storage: Storage, bronze_path: str) -> StructType | None:

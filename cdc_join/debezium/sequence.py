@@ -194,8 +194,11 @@ def with_sequence(decoded: DataFrame, rule: SequenceRule) -> DataFrame:
     encode = _encode_component if rule.name == "configured" else _encode_scalar
     encoded = with_components.selectExpr("*", *[f"{encode(n)} AS __e{i}" for i, n in enumerate(names)])
     seq = "concat_ws(chr(1), " + ", ".join(f"coalesce(__e{i}, '')" for i in range(len(names))) + ")"
+    # Every field of the rule, null where the event lacks it: bronze's rows record the rule.
     values = (
-        "to_json(named_struct(" + ", ".join(f"{lit(f)}, {get('__p', steps(f))}" for f in rule.fields) + "))"
+        "to_json(named_struct("
+        + ", ".join(f"{lit(f)}, {get('__p', steps(f))}" for f in rule.fields)
+        + "), map('ignoreNullFields', 'false'))"
     )
     problem = lit(f" is not a non-negative integer of at most {SEQ_DIGITS} digits, nor a string")
     errors = ", ".join(

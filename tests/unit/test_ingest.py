@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -587,3 +588,76 @@ def test_a_landing_folder_that_does_not_exist_is_named_in_a_warning(spark, stora
     assert f"'customers': its landing folder {folder} does not exist" in warning
     folder.mkdir()
     assert ingest_all(spark, storage, config)["customers"].warnings() == []
+
+
+def _sqlserver(op: str, id_: int, commit: str, change: str | None = None, serial: int | None = None) -> str:
+    source = {"connector": "sqlserver", "commit_lsn": commit}
+    if change is not None:
+        source |= {"change_lsn": change, "event_serial_no": serial}
+    return json.dumps({"op": op, "before": None, "after": {"id": id_}, "source": source, "ts_ms": 1})
+
+
+@pytest.mark.parametrize("connector", [None, "sqlserver"])
+def test_the_recorded_rule_is_whole_when_bronze_s_first_events_lack_some_of_its_fields(
+    spark, storage, tmp_path, connector
+):
+    """SQL Server's snapshot rows carry ``commit_lsn`` only, with no ``change_lsn`` and no
+    ``event_serial_no``. A later batch must still use SQL Server's three fields: not a rule made
+    of the fields one stored row happens to have, and not a config error for ``connector:``."""
+    config = pipeline(tmp_path)
+    if connector:
+        source = dataclasses.replace(config.sources["customers"], connector=connector)
+        config = dataclasses.replace(config, sources={"customers": source})
+    land(config, "001.jsonl", "\n".join(_sqlserver("r", i, "00000025:00000d98:00a2") for i in (1, 2)) + "\n")
+    ingest_all(spark, storage, config)
+    later = [
+        _sqlserver("u", 1, "00000026:00000001:0001", "00000026:00000001:0002", 2),
+        _sqlserver("u", 1, "00000026:00000001:0001", "00000026:00000001:0001", 3),
+    ]
+    land(config, "002.jsonl", "\n".join(later) + "\n")
+
+    ingest_all(spark, storage, config)
+
+    rows = (
+        storage.read(config.bronze_path("customers"))
+        .select("_file", "_line", "_seq", "_seq_values")
+        .collect()
+    )
+    by_line = {(r._file, r._line): r for r in rows}
+    assert all(r._seq.count("\u0001") == 2 for r in rows)  # three components, every batch
+    newer, older = by_line[("002.jsonl", 1)], by_line[("002.jsonl", 2)]
+    assert older._seq < newer._seq  # change_lsn decides within the transaction
+    snapshot = json.loads(by_line[("001.jsonl", 1)]._seq_values)
+    assert snapshot == {
+        "source.commit_lsn": "00000025:00000d98:00a2",
+        "source.change_lsn": None,
+        "source.event_serial_no": None,
+    }
+
+
+def test_a_bronze_of_older_versions_keeps_the_rule_they_read_from_it(spark, storage, tmp_path):
+    """Before 2026-11-27 ``_seq_values`` left out the fields an event lacked, and the rule read
+    back from such a row (SQL Server's ``commit_lsn`` alone) ordered every later batch. A lake
+    like that goes on with that rule: switching to the whole rule now would order new events
+    below those of the batches in between."""
+    import pyarrow.compute as pc
+    from deltalake import write_deltalake
+
+    from cdc_join.ingest import recorded_sequence
+
+    config = pipeline(tmp_path)
+    land(config, "001.jsonl", "\n".join(_sqlserver("r", i, "00000025:00000d98:00a2") for i in (1, 2)) + "\n")
+    ingest_all(spark, storage, config)
+    path = config.bronze_path("customers")
+    assert recorded_sequence(storage, path) == (
+        "source.commit_lsn",
+        "source.change_lsn",
+        "source.event_serial_no",
+    )
+    table = DeltaTable(path).to_pyarrow_table()
+    nulls = ',"source.change_lsn":null,"source.event_serial_no":null'
+    old = pc.replace_substring(table.column("_seq_values"), nulls, "")
+    column = table.schema.get_field_index("_seq_values")
+    write_deltalake(path, table.set_column(column, "_seq_values", old), mode="overwrite")
+
+    assert recorded_sequence(storage, path) == ("source.commit_lsn",)
