@@ -15,6 +15,7 @@ LHS_RHS_TABLES = {
     "lhs": {"id": "string", "fk": "int64", "v": "int64"},
     "rhs": {"id": "int64", "value": "string"},
 }
+SEQUENCE_BY_LSN = ("source.lsn",)
 
 
 def make_pipeline(
@@ -28,10 +29,13 @@ def make_pipeline(
     select: dict[str, str] | None = None,
     join_type: str = "inner",
     primary_keys: dict[str, list[str]] | None = None,
+    sequence_by: tuple[str, ...] | None = SEQUENCE_BY_LSN,
 ) -> tuple[Pipeline, EventWriter]:
     """A pipeline over ``tables`` landed under ``root``, with its event writer.
 
-    Each table is keyed by its first column unless ``primary_keys`` says otherwise.
+    Each table is keyed by its first column unless ``primary_keys`` says otherwise. Events are
+    ordered by ``sequence_by``; with None the config names none, and each source takes the
+    default rule of the connector its events name.
     """
     writer = EventWriter(root / "landing", tables)
     spec = {
@@ -41,7 +45,7 @@ def make_pipeline(
             t: {
                 "landing": f"landing/{t}",
                 "primary_key": (primary_keys or {}).get(t, [next(iter(cols))]),
-                "sequence_by": ["source.lsn"],
+                **({"sequence_by": list(sequence_by)} if sequence_by is not None else {}),
             }
             for t, cols in tables.items()
         },

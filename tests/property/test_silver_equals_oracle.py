@@ -12,11 +12,16 @@ Three tables: ``lhs`` joined to ``rhs`` on a composite foreign key ``(a, b)`` an
   its first value);
 - equal sequence values (the later landing file, then line, wins), truncates followed by
   more events, a column whose type widens (``rhs2.w``: int, then bigint with values past 2^31);
+- the sequence rule configured (``sequence_by: [source.lsn]``) or the connector's default, with
+  the positions a PostgreSQL (``source.sequence``) or MySQL (binlog file, pos, row) connector
+  writes, with numbers that gain digits every few events (text order is not number order);
 - delivery in random batches, shuffled, with duplicates, late events, old events delivered
   again after newer ones, and garbage lines; runs and full refreshes killed after a random
   step, then run again; runs told to recompute (the cost rule's set-based plan).
 
-The oracle recomputes the join in plain Python from the delivered events. Examples:
+The oracle recomputes, in plain Python from the delivered events, each source's current rows
+(compared with its state table: a wrong newest event shows there even when no silver row
+carries that row) and their join (compared with silver). Examples:
 ``CDC_JOIN_PROPERTY_EXAMPLES`` (default 3; CI runs 12), or ``CDC_JOIN_PROPERTY_PROFILE=slow`` for 300
 with shrinking.
 """
@@ -24,6 +29,7 @@ with shrinking.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import tempfile
@@ -36,7 +42,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from cdc_join.report import SimulatedCrash
-from tests.support import make_pipeline
+from cdc_join.state import current_rows as current_rows_of
+from tests.support import SEQUENCE_BY_LSN, make_pipeline
 
 TABLES = {
     "lhs": {
@@ -90,6 +97,8 @@ RUN_CRASHES = [
 # looking up subscriptions), or each either way.
 PLANS = {"auto": ["auto"], "recompute": ["recompute"], "mixed": ["auto", "recompute"]}
 REFRESH_CRASHES = ["state:lhs", "state:rhs2", "subscription:rhs", "resolve", "silver"]
+# configured: sequence_by [source.lsn]; otherwise no sequence_by, and the connector's default
+RULES = ["configured", "postgresql", "mysql"]
 PROFILE = os.environ.get("CDC_JOIN_PROPERTY_PROFILE", "")
 EXAMPLES = int(os.environ.get("CDC_JOIN_PROPERTY_EXAMPLES", "300" if PROFILE == "slow" else "3"))
 # An example costs tens of seconds of Spark: shrinking a failure can take longer than the whole
@@ -192,8 +201,8 @@ def _expected_value(value: Any, type_name: str, payload_only: bool) -> Any:
     return value
 
 
-def oracle(delivered: list[dict], join_types: tuple[str, str], payload_only: set[str]) -> set[tuple]:
-    """The join of the current rows the delivered events imply (DESIGN.md §2): per key the
+def current_rows(delivered: list[dict]) -> dict[str, dict]:
+    """Per table, the current rows the delivered events imply (DESIGN.md §2): per key the
     event of greatest (sequence, file, line); a delete or a truncate older than it removes it."""
     newest: dict[tuple, dict] = {}
     truncated: dict[str, int] = {}
@@ -208,6 +217,12 @@ def oracle(delivered: list[dict], join_types: tuple[str, str], payload_only: set
     for (table, key), e in newest.items():
         if e["op"] != "d" and e["lsn"] >= truncated.get(table, -1):
             current[table][key] = e["row"]
+    return current
+
+
+def oracle(delivered: list[dict], join_types: tuple[str, str], payload_only: set[str]) -> set[tuple]:
+    """The join of the current rows (DESIGN.md §2)."""
+    current = current_rows(delivered)
     out = set()
     for row in current["lhs"].values():
         r1 = (
@@ -232,6 +247,37 @@ def _freeze(value: Any) -> Any:
     if isinstance(value, list):
         return tuple(_freeze(v) for v in value)
     return value
+
+
+def expected_states(delivered: list[dict], payload_only: set[str]) -> dict[str, set[tuple]]:
+    """Per table, its current rows as decoded values (every column, in declared order)."""
+    return {
+        table: {
+            tuple(
+                _freeze(_expected_value(row[c], TABLES[table][c], table in payload_only))
+                for c in TABLES[table]
+            )
+            for row in rows.values()
+        }
+        for table, rows in current_rows(delivered).items()
+    }
+
+
+def states(pipeline) -> dict[str, set[tuple]]:
+    """Per source, the current rows its state table holds: a wrong newest event shows here even
+    when no silver row carries the row (an inner join with no match, a right row no left row
+    names)."""
+    out = {}
+    for table, columns in TABLES.items():
+        path = pipeline.config.state_path(table)
+        if not pipeline.storage.exists(path):
+            out[table] = set()
+            continue
+        rows = current_rows_of(pipeline.storage.read(path), PRIMARY_KEYS[table]).select(*columns).collect()
+        out[table] = {
+            tuple(_freeze(v.asDict(recursive=True) if hasattr(v, "asDict") else v) for v in r) for r in rows
+        }
+    return out
 
 
 def silver(pipeline) -> set[tuple]:
@@ -262,9 +308,10 @@ def silver(pipeline) -> set[tuple]:
     batches=st.integers(2, 4),
     seed=st.integers(0, 2**32 - 1),
     plans=st.sampled_from(sorted(PLANS)),
+    rule=st.sampled_from(RULES),
 )
 def test_silver_equals_oracle_after_every_completed_run(
-    spark, storage, ops, join_types, payload_only, batches, seed, plans
+    spark, storage, ops, join_types, payload_only, batches, seed, plans, rule
 ):
     rng = random.Random(seed)
     root = Path(tempfile.mkdtemp(prefix="cdc_join_property_"))
@@ -279,6 +326,7 @@ def test_silver_equals_oracle_after_every_completed_run(
         ],
         select=SELECT,
         primary_keys=PRIMARY_KEYS,
+        sequence_by=SEQUENCE_BY_LSN if rule == "configured" else None,
     )
     writer.payload_only = set(payload_only)
     widen_batch = rng.randint(1, batches)  # from this batch on, rhs2.w is a bigint in the schema
@@ -304,9 +352,10 @@ def test_silver_equals_oracle_after_every_completed_run(
         rng.shuffle(now)
         if number >= widen_batch:
             writer.tables["rhs2"]["w"] = "int64"
-        delivered += _land(writer, now, rng)
+        delivered += _land(writer, now, rng, rule)
         _run_with_crashes(pipeline, rng, PLANS[plans])
         expected = oracle(delivered, join_types, set(payload_only))
+        assert states(pipeline) == expected_states(delivered, set(payload_only)), f"after batch {number}"
         assert silver(pipeline) == expected, f"after batch {number}"
     assert pipeline.verify().ok
 
@@ -331,7 +380,7 @@ def _event(table: str, op: str, key: Any, row: dict | None, lsn: int) -> dict:
     return {"table": table, "op": op, "key": key, "row": row, "lsn": lsn}
 
 
-def _land(writer, events: list[dict], rng: random.Random) -> list[dict]:
+def _land(writer, events: list[dict], rng: random.Random, rule: str) -> list[dict]:
     """Write each table's events as one file (garbage mixed in); return them with their order."""
     landed = []
     for table in TABLES:
@@ -346,12 +395,43 @@ def _land(writer, events: list[dict], rng: random.Random) -> list[dict]:
                 lines.append(writer.delete(table, e["row"], e["lsn"]))
             else:
                 lines.append(writer.upsert(table, e["row"], e["lsn"], e["op"]))
+            _position(lines[-1], rule, e["lsn"])
         if rng.random() < 0.3:
             lines.insert(rng.randrange(len(lines) + 1), "{not json at all")
         path = writer.write(table, lines)
         numbered = [n for n, line in enumerate(lines, start=1) if not isinstance(line, str)]
         landed += [{**e, "order": (e["lsn"], path.name, n)} for e, n in zip(mine, numbered, strict=True)]
     return landed
+
+
+def _position(event: dict, rule: str, lsn: int) -> None:
+    """Give an event the source position its connector would write for sequence ``lsn``.
+
+    The positions order as ``lsn`` does, equal ones included: PostgreSQL's ``source.sequence``
+    is ``[last commit LSN, LSN]`` as text, MySQL's position is (binlog file, pos, row), and both
+    have numbers that gain digits every few steps (compared as text, "12" < "5").
+    """
+    if rule == "configured":
+        return
+    payload = event.get("payload", event)
+    source = payload["source"]
+    if rule == "postgresql":
+        source["lsn"] = 2**lsn
+        source["sequence"] = json.dumps([str(3 ** (lsn // 2)), str(2**lsn)])
+        extra = [{"type": "string", "optional": True, "field": "sequence"}]
+    else:
+        del source["lsn"]
+        binlog = f"mysql-bin.{lsn // 4:06d}"
+        source |= {"connector": "mysql", "file": binlog, "pos": 4 + 2 ** (lsn % 4 * 3), "row": 0}
+        extra = [
+            {"type": "string", "optional": False, "field": "file"},
+            {"type": "int64", "optional": False, "field": "pos"},
+            {"type": "int32", "optional": True, "field": "row"},
+        ]
+    if "schema" in event:
+        schema = next(f for f in event["schema"]["fields"] if f["field"] == "source")
+        schema["fields"] = [f for f in schema["fields"] if f["field"] != "lsn" or rule != "mysql"] + extra
+        schema["name"] = f"io.debezium.connector.{rule}.Source"
 
 
 def _run_with_crashes(pipeline, rng: random.Random, plans: list[str]) -> None:
