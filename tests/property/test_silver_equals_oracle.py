@@ -43,7 +43,7 @@ from hypothesis import strategies as st
 
 from cdc_join.report import SimulatedCrash
 from cdc_join.state import current_rows as current_rows_of
-from tests.support import SEQUENCE_BY_LSN, make_pipeline
+from tests.support import SEQUENCE_BY_LSN, make_pipeline, subscriptions
 
 TABLES = {
     "lhs": {
@@ -280,6 +280,21 @@ def states(pipeline) -> dict[str, set[tuple]]:
     return out
 
 
+def expected_subscriptions(delivered: list[dict]) -> list[set[tuple]]:
+    """Per join, the ``(fk…, pk)`` of every current left row whose foreign key has no null part
+    (KIP-213: a null foreign key subscribes to nothing)."""
+    rows = current_rows(delivered)["lhs"].values()
+    return [
+        {(r["a"], r["b"], r["id"]) for r in rows if r["a"] is not None and r["b"] is not None},
+        {(r["fk2"], r["id"]) for r in rows if r["fk2"] is not None},
+    ]
+
+
+def _subscriptions(pipeline) -> list[set[tuple]]:
+    """Per join, its current subscriptions: after a completed run a crash's leftovers are gone."""
+    return [subscriptions(pipeline, i) for i in range(2)]
+
+
 def silver(pipeline) -> set[tuple]:
     cfg = pipeline.config
     if not pipeline.storage.exists(cfg.silver_path):
@@ -357,6 +372,7 @@ def test_silver_equals_oracle_after_every_completed_run(
         expected = oracle(delivered, join_types, set(payload_only))
         assert states(pipeline) == expected_states(delivered, set(payload_only)), f"after batch {number}"
         assert silver(pipeline) == expected, f"after batch {number}"
+        assert _subscriptions(pipeline) == expected_subscriptions(delivered), f"after batch {number}"
     assert pipeline.verify().ok
 
 
