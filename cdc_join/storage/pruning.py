@@ -57,9 +57,7 @@ class ScanStats:
             if self.rows_on_driver is None or other.rows_on_driver is None
             else self.rows_on_driver + other.rows_on_driver
         )
-        return ScanStats(
-            self.files_scanned + other.files_scanned, self.files_total + other.files_total, rows
-        )
+        return ScanStats(self.files_scanned + other.files_scanned, self.files_total + other.files_total, rows)
 
 
 def read_keyed(
