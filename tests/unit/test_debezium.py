@@ -656,14 +656,7 @@ def test_a_snapshot_row_sorts_by_the_position_it_was_read_at_not_by_its_timestam
         ("u", "00000027:00000759:0001", "00000027:00000759:0000", 5_000),
         ("u", "00000028:00000001:0001", "00000028:00000000:0001", 6_000),
     ]
-    texts = [
-        event(
-            op,
-            {"id": 1},
-            source={"connector": "db2", "commit_lsn": c, "ts_ms": ts, **({"change_lsn": x} if x else {})},
-        )
-        for op, c, x, ts in reversed(db2)
-    ]
+    texts = _newest_first("db2", ("commit_lsn", "change_lsn"), db2)
     outcome = parse(text_lines(spark, texts), source("id"))
     assert outcome.batch.sequence.name == "db2"
     assert order_of(outcome) == [4, 3, 2, 1]
@@ -677,20 +670,30 @@ def test_a_snapshot_row_sorts_by_the_position_it_was_read_at_not_by_its_timestam
         ("r", None, "2000", 7_000),  # a later snapshot
         ("u", "20000", "19999", 8_000),  # more digits: compared as numbers, not text
     ]
-    texts = [
-        event(
-            op,
-            {"id": 1},
-            source={"connector": "oracle", "scn": scn, "ts_ms": ts, **({"commit_scn": c} if c else {})},
-        )
-        for op, c, scn, ts in reversed(oracle)
-    ]
+    texts = _newest_first("oracle", ("commit_scn", "scn"), oracle)
     outcome = parse(text_lines(spark, texts), source("id"))
     assert outcome.batch.sequence.name == "oracle"
     assert order_of(outcome) == [7, 6, 5, 4, 3, 2, 1]
     # The timestamp rule gets the snapshot wrong: its row would win over the later changes.
     by_time = parse(text_lines(spark, texts), source("id", sequence_by=("source.ts_ms",)))
     assert order_of(by_time)[-1] == 7  # the first snapshot row (line 7) sorts newest
+
+
+def _newest_first(connector: str, fields: tuple[str, str], rows: list[tuple]) -> list[str]:
+    """Events of key 1 from ``(op, field 1, field 2, ts_ms)`` rows, the last row on line 1; a
+    None field is left out of ``source``, as the connector leaves it."""
+    return [
+        event(
+            op,
+            {"id": 1},
+            source={
+                "connector": connector,
+                "ts_ms": ts,
+                **{f: v for f, v in zip(fields, values, strict=True) if v is not None},
+            },
+        )
+        for op, *values, ts in reversed(rows)
+    ]
 
 
 def test_postgres_sequence_pairs_sort_element_wise_and_fall_back_to_lsn(spark):
