@@ -135,20 +135,7 @@ class IngestReport:
     def warnings(self) -> list[str]:
         """What the run report says about :attr:`missing_folder`, :attr:`unread` and
         :attr:`unavailable`, if anything."""
-        found = []
-        if self.missing_folder is not None:
-            found.append(
-                f"source {self.source!r}: its landing folder {self.missing_folder} does not exist (yet), "
-                "so nothing was ingested from it; check the source's 'landing' path if events should be there"
-            )
-        if self.unread:
-            more = len(self.unread) - 5
-            shown = ", ".join(self.unread[:5]) + (f" and {more} more" if more > 0 else "")
-            found.append(
-                f"source {self.source!r}: {len(self.unread)} file(s) in its landing folder are not read, as "
-                f"their names do not end in .json, .jsonl, .json.gz or .jsonl.gz: {shown}. Land their "
-                "events again under such a name, or move the files out of the folder"
-            )
+        found = _folder_warnings(self.source, self.missing_folder, self.unread)
         if self.unavailable:
             found.append(self._unavailable_warning())
         return found
@@ -163,6 +150,36 @@ class IngestReport:
             "unchanged LOB: set REPLICA IDENTITY FULL (or enable LOB capture), then snapshot the "
             "table again (a Debezium incremental snapshot) to replace the placeholders"
         )
+
+
+def _folder_warnings(source: str, missing_folder: str | None, unread: Sequence[str]) -> list[str]:
+    """What to say about a source's landing folder that is missing, or holds files no run reads."""
+    found = []
+    if missing_folder is not None:
+        found.append(
+            f"source {source!r}: its landing folder {missing_folder} does not exist (yet), "
+            "so nothing was ingested from it; check the source's 'landing' path if events should be there"
+        )
+    if unread:
+        more = len(unread) - 5
+        shown = ", ".join(unread[:5]) + (f" and {more} more" if more > 0 else "")
+        found.append(
+            f"source {source!r}: {len(unread)} file(s) in its landing folder are not read, as "
+            f"their names do not end in .json, .jsonl, .json.gz or .jsonl.gz: {shown}. Land their "
+            "events again under such a name, or move the files out of the folder"
+        )
+    return found
+
+
+def landing_warnings(spark: SparkSession, config: PipelineConfig) -> list[str]:
+    """What a run would say about every source's landing folder (see :func:`_folder_warnings`),
+    from a listing of the whole folder."""
+    found = []
+    for name, source in config.sources.items():
+        if source.landing is not None:
+            listed = _list_folder(spark, source.landing, None)
+            found += _folder_warnings(name, source.landing if listed is None else None, _unread(listed))
+    return found
 
 
 #: Debezium's default ``unavailable.value.placeholder``: the text (or its bytes) it writes for a

@@ -552,7 +552,9 @@ def test_unavailable_values_counts_text_bytes_and_text_lists_of_the_after_images
     assert unavailable_values(pa.chunked_array([], kind)) == {}
 
 
-def test_files_a_run_does_not_read_by_their_names_are_named_in_a_warning_every_run(spark, storage, tmp_path):
+def test_files_a_run_does_not_read_by_their_names_are_named_in_a_warning_every_run_and_by_verify(
+    spark, storage, tmp_path
+):
     """A file named otherwise than .json/.jsonl(.gz) (``.ndjson``, another compression) is not
     read; the run says so, naming it, rather than ingesting nothing in silence. Files still
     being written (``_``, ``.``, ``+``) are expected there and not named."""
@@ -574,6 +576,10 @@ def test_files_a_run_does_not_read_by_their_names_are_named_in_a_warning_every_r
     again = ingest_all(spark, storage, config)["customers"]
     assert again.files == 0 and "sub/b.json.zst" in again.unread and "notes.txt" in again.unread
     assert not any("_still_writing" in w or ".hidden" in w for w in again.warnings())
+    # verify names them too (a note: silver still matches what was read).
+    checked = Pipeline(config, spark, storage).verify()
+    assert checked.ok
+    assert "'customers': 7 file(s) in its landing folder are not read" in checked.summary()
 
 
 def test_a_landing_folder_that_does_not_exist_is_named_in_a_warning(spark, storage, tmp_path):
