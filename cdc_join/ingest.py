@@ -171,15 +171,25 @@ def _folder_warnings(source: str, missing_folder: str | None, unread: Sequence[s
     return found
 
 
-def landing_warnings(spark: SparkSession, config: PipelineConfig) -> list[str]:
-    """What a run would say about every source's landing folder (see :func:`_folder_warnings`),
-    from a listing of the whole folder."""
-    found = []
-    for name, source in config.sources.items():
-        if source.landing is not None:
-            listed = _list_folder(spark, source.landing, None)
-            found += _folder_warnings(name, source.landing if listed is None else None, _unread(listed))
-    return found
+def list_folders(spark: SparkSession, config: PipelineConfig) -> dict[str, list[LandedFile] | None]:
+    """Per source with a landing folder, every file in it (``None``: the folder is not there)."""
+    return {
+        name: _list_folder(spark, source.landing, None)
+        for name, source in config.sources.items()
+        if source.landing is not None
+    }
+
+
+def landing_warnings(config: PipelineConfig, found: Mapping[str, list[LandedFile] | None]) -> list[str]:
+    """What a run would say about the landing folders listed in ``found`` (see
+    :func:`list_folders`): a missing folder, files no run reads."""
+    return [
+        warning
+        for name, files in found.items()
+        for warning in _folder_warnings(
+            name, config.sources[name].landing if files is None else None, _unread(files)
+        )
+    ]
 
 
 #: Debezium's default ``unavailable.value.placeholder``: the text (or its bytes) it writes for a
@@ -718,11 +728,17 @@ def _listing_since(storage: Storage, config: PipelineConfig) -> datetime | None:
     return _utc(latest) - timedelta(hours=hours)
 
 
-def beyond_lookback(spark: SparkSession, storage: Storage, config: PipelineConfig) -> dict[str, list[str]]:
+def beyond_lookback(
+    spark: SparkSession,
+    storage: Storage,
+    config: PipelineConfig,
+    found: Mapping[str, list[LandedFile] | None] | None = None,
+) -> dict[str, list[str]]:
     """Per source, the landing files no run will ingest: not in the ingest log, and modified
     before ``landing_lookback_hours`` lets a run look (a file copied in with an old time).
 
-    Lists every landing file (what the lookback spares a run); empty without a lookback.
+    Lists every landing file (what the lookback spares a run), unless ``found`` holds the
+    listings (see :func:`list_folders`); empty without a lookback.
     """
     since = _listing_since(storage, config)
     if since is None:
@@ -732,11 +748,8 @@ def beyond_lookback(spark: SparkSession, storage: Storage, config: PipelineConfi
     for name, source in config.sources.items():
         if source.landing is None:
             continue
-        old = [
-            f
-            for f in list_landing(spark, source.landing)
-            if f.modified_ms is not None and f.modified_ms < cutoff
-        ]
+        files = list_landing(spark, source.landing) if found is None else _landing_files(found.get(name))
+        old = [f for f in files if f.modified_ms is not None and f.modified_ms < cutoff]
         logged = _logged(storage, config, {name: old}).get(name, {})
         missing = [f.name for f in old if f.name not in logged]
         if missing:

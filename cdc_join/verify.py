@@ -27,7 +27,7 @@ from pyspark.sql.types import ArrayType, DataType, MapType, StructType
 
 from cdc_join import lookup, resolve, runlog, state, subscription
 from cdc_join.config import PipelineConfig
-from cdc_join.ingest import beyond_lookback, landing_warnings
+from cdc_join.ingest import beyond_lookback, landing_warnings, list_folders
 from cdc_join.runlog import Checkpoint
 from cdc_join.schemas import quoted, widens_to
 from cdc_join.storage import Storage
@@ -191,7 +191,8 @@ def verify(
     types = {f.name: f.dataType for f in computed.schema.fields}
     expected = _comparable(computed).cache()
     cached = [*current.values(), expected]
-    notes: list[str] = landing_warnings(storage.spark, config)
+    landing = list_folders(storage.spark, config)
+    notes = landing_warnings(config, landing)
     try:
         if storage.exists(config.silver_path):
             stored = storage.read(config.silver_path)
@@ -263,7 +264,8 @@ def verify(
         ),
         source=source,
         unlisted={
-            name: tuple(files) for name, files in beyond_lookback(storage.spark, storage, config).items()
+            name: tuple(files)
+            for name, files in beyond_lookback(storage.spark, storage, config, landing).items()
         },
     )
 
