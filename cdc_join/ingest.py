@@ -171,10 +171,13 @@ def _folder_warnings(source: str, missing_folder: str | None, unread: Sequence[s
     return found
 
 
-def list_folders(spark: SparkSession, config: PipelineConfig) -> dict[str, list[LandedFile] | None]:
-    """Per source with a landing folder, every file in it (``None``: the folder is not there)."""
+def list_folders(
+    spark: SparkSession, config: PipelineConfig, modified_after: datetime | None = None
+) -> dict[str, list[LandedFile] | None]:
+    """Per source with a landing folder, every file in it, or only those modified after
+    ``modified_after`` (``None``: the folder is not there)."""
     return {
-        name: _list_folder(spark, source.landing, None)
+        name: _list_folder(spark, source.landing, modified_after)
         for name, source in config.sources.items()
         if source.landing is not None
     }
@@ -273,12 +276,7 @@ def ingest_all(
     since the newest ingest minus the lookback), then the ingest log is read once for all of
     them, and only its data files whose name range can hold a listed file.
     """
-    since = _listing_since(storage, config)
-    found = {
-        name: _list_folder(spark, source.landing, since)
-        for name, source in config.sources.items()
-        if source.landing is not None
-    }
+    found = list_folders(spark, config, _listing_since(storage, config))
     listed = {name: _landing_files(files) for name, files in found.items()}
     done = _logged(storage, config, listed)
     return {
