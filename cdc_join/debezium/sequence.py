@@ -8,7 +8,8 @@ tuple comparison. Integers and all-digit strings are zero-padded to 20 digits (e
 Rules (``sequence_by`` in the config wins over all of them):
 
 - PostgreSQL: ``(source.sequence[0], source.sequence[1] or source.lsn)``; per-event LSNs are
-  not monotonic across interleaved transactions, the ``[last_commit_lsn, lsn]`` pair is;
+  not monotonic across interleaved transactions, the ``[last_commit_lsn, lsn]`` pair is. A
+  null first element takes the LSN, and an initial snapshot's row sorts first among its LSN's;
 - MySQL and MariaDB: ``(source.file, source.pos, source.row)``;
 - SQL Server: ``(source.commit_lsn, source.change_lsn, source.event_serial_no)``;
 - Db2: ``(source.commit_lsn, source.change_lsn)`` (a snapshot row carries the snapshot's LSN as
@@ -67,8 +68,11 @@ class SequenceRule:
     fields: tuple[str, ...]
 
 
+#: Read by the PostgreSQL rule to tell an initial snapshot's rows from streamed changes; not a
+#: position (an event with it alone has no sequence).
+SNAPSHOT_FIELD = "source.snapshot"
 DEFAULT_FIELDS = {
-    "postgresql": ("source.sequence", "source.lsn"),
+    "postgresql": ("source.sequence", "source.lsn", SNAPSHOT_FIELD),
     "mysql": ("source.file", "source.pos", "source.row"),
     "mariadb": ("source.file", "source.pos", "source.row"),
     "sqlserver": ("source.commit_lsn", "source.change_lsn", "source.event_serial_no"),
@@ -76,6 +80,9 @@ DEFAULT_FIELDS = {
     "oracle": ("source.commit_scn", "source.scn"),
     "": ("source.ts_ms", "ts_ms"),
 }
+#: Rules bronze recorded before a connector's rule changed, by their fields: their events keep
+#: the encoding they were ingested with (values of two encodings do not compare).
+LEGACY_RULES = {("source.sequence", "source.lsn"): "postgresql_before_2026_11_28"}
 
 
 def sequence_rule(
@@ -92,8 +99,11 @@ def sequence_rule(
     else the one the events name in ``source.connector`` or in their ``source`` schema) picks:
 
     - postgresql: ``(source.sequence[0], source.sequence[1] or source.lsn)``, the
-      ``[last_commit_lsn, lsn]`` pair element-wise. Events without ``source.sequence`` (older
-      connectors) compare as ``('', lsn)``, so one rule holds whatever the batch contains;
+      ``[last_commit_lsn, lsn]`` pair element-wise. A null first element (an initial
+      snapshot's rows, the first transaction streamed after a start; events without
+      ``source.sequence``) takes the LSN: ``(lsn, '')`` for a snapshot row (``source.snapshot``
+      neither false nor incremental), ``(lsn, lsn)`` otherwise. Bronze written before
+      2026-11-28 keeps ``('', lsn)`` (:data:`LEGACY_RULES`);
     - mysql, mariadb: ``(source.file, source.pos, source.row)``;
     - sqlserver: ``(source.commit_lsn, source.change_lsn, source.event_serial_no)``;
     - db2: ``(source.commit_lsn, source.change_lsn)``;
@@ -115,6 +125,8 @@ def sequence_rule(
         rule = _rule(source, detected)
     else:
         return _recorded_rule(recorded)
+    if recorded is not None and LEGACY_RULES.get(recorded, "").startswith(f"{rule.name}_"):
+        return _recorded_rule(recorded)  # the connector's rule, as this bronze was encoded
     if recorded is not None and rule.fields != recorded:
         key = f"sources.{source.name}.{'sequence_by' if source.sequence_by else 'connector'}"
         raise ConfigError(
@@ -141,8 +153,8 @@ def decided_fields(source: SourceConfig, recorded: tuple[str, ...] | None) -> tu
 
 def _recorded_rule(fields: tuple[str, ...]) -> SequenceRule:
     """The rule whose fields bronze's events record (a connector's default, or configured)."""
-    name = next((c or "timestamp" for c, f in DEFAULT_FIELDS.items() if f == fields), "configured")
-    return SequenceRule(name, fields)
+    default = next((c or "timestamp" for c, f in DEFAULT_FIELDS.items() if f == fields), "configured")
+    return SequenceRule(LEGACY_RULES.get(fields, default), fields)
 
 
 def _rule(source: SourceConfig, detected: Iterable[str]) -> SequenceRule:
@@ -163,10 +175,10 @@ def require_sequence(
     source: SourceConfig, rule: SequenceRule, events: int, present: Mapping[str, int]
 ) -> None:
     """Fail the batch when it has events but none carries a field of the rule."""
-    if events and not any(present.get(f, 0) for f in rule.fields):
+    if events and not any(present.get(f, 0) for f in rule.fields if f != SNAPSHOT_FIELD):
         raise InputError(
             f"source {source.name!r}: none of the {events} events of this batch has a "
-            f"sequence field; tried {', '.join(rule.fields)}. Set 'sequence_by' for this source."
+            f"sequence field; tried {', '.join(_positions(rule))}. Set 'sequence_by' for this source."
         )
 
 
@@ -175,13 +187,25 @@ def _sequence_components(rule: SequenceRule) -> list[str]:
     if rule.name == "oracle":
         scn = present(get("__p", ".source.scn"))
         return [f"coalesce({present(get('__p', '.source.commit_scn'))}, {scn})", scn]
-    if rule.name != "postgresql":
+    if not rule.name.startswith("postgresql"):
         return [present(get("__p", steps(f))) for f in rule.fields]
     text = "try_variant_get(__p, '$.source.sequence', 'string')"
     pair = f"try_variant_get(try_parse_json({text}), '$', 'array<variant>')"
     first = present(f"try_element_at({pair}, 1)")
-    second = present(f"try_element_at({pair}, 2)")
-    return [first, f"coalesce({second}, {present(get('__p', '.source.lsn'))})"]
+    second = f"coalesce({present(f'try_element_at({pair}, 2)')}, {present(get('__p', '.source.lsn'))})"
+    if rule.name != "postgresql":  # the encoding of bronze written before 2026-11-28
+        return [first, second]
+    # Debezium starts an initial snapshot, and streaming after a start, with no last commit LSN:
+    # such a snapshot row ([null, X]) sorts as (X, ''), after every change committed before it
+    # (a re-snapshot), and a streamed change ([null, L], the first transaction) as (L, L).
+    snapshot = (
+        "coalesce(try_variant_get(__p, '$.source.snapshot', 'string'), 'false') "
+        "NOT IN ('false', 'incremental')"
+    )
+    return [
+        f"coalesce({first}, {second})",
+        f"CASE WHEN {first} IS NULL AND {snapshot} THEN NULL ELSE {second} END",
+    ]
 
 
 def with_sequence(decoded: DataFrame, rule: SequenceRule) -> DataFrame:
@@ -206,9 +230,14 @@ def with_sequence(decoded: DataFrame, rule: SequenceRule) -> DataFrame:
         f"THEN concat('sequence value ', {json_text(n)}, {problem}) END"
         for i, n in enumerate(names)
     )
-    missing = lit(f"no sequence field: tried {', '.join(rule.fields)}")
+    missing = lit(f"no sequence field: tried {', '.join(_positions(rule))}")
     reason = f"CASE WHEN coalesce({', '.join(names)}) IS NULL THEN {missing} ELSE coalesce({errors}) END"
     return encoded.selectExpr("*", f"{seq} AS _seq", f"{values} AS _seq_values", f"{reason} AS __seq_reason")
+
+
+def _positions(rule: SequenceRule) -> tuple[str, ...]:
+    """The fields of ``rule`` that hold a position (an event without all of them has none)."""
+    return tuple(f for f in rule.fields if f != SNAPSHOT_FIELD)
 
 
 def _encode_component(v: str) -> str:

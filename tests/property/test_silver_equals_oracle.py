@@ -15,6 +15,8 @@ Three tables: ``lhs`` joined to ``rhs`` on a composite foreign key ``(a, b)`` an
 - the sequence rule configured (``sequence_by: [source.lsn]``) or the connector's default, with
   the positions a PostgreSQL (``source.sequence``) or MySQL (binlog file, pos, row) connector
   writes, with numbers that gain digits every few events (text order is not number order);
+  PostgreSQL's include initial-snapshot rows anywhere in the history (a snapshot run again
+  after streaming) and first-streamed changes, both with a null last commit LSN;
 - delivery in random batches, shuffled, with duplicates, late events, old events delivered
   again after newer ones, and garbage lines; runs and full refreshes killed after a random
   step, then run again; runs told to recompute (the cost rule's set-based plan).
@@ -205,17 +207,17 @@ def current_rows(delivered: list[dict]) -> dict[str, dict]:
     """Per table, the current rows the delivered events imply (DESIGN.md §2): per key the
     event of greatest (sequence, file, line); a delete or a truncate older than it removes it."""
     newest: dict[tuple, dict] = {}
-    truncated: dict[str, int] = {}
+    truncated: dict[str, tuple] = {}
     for e in delivered:
         if e["op"] == "t":
-            truncated[e["table"]] = max(truncated.get(e["table"], -1), e["lsn"])
+            truncated[e["table"]] = max(truncated.get(e["table"], (-1,)), e["order"][0])
             continue
         key = (e["table"], e["key"])
         if key not in newest or e["order"] > newest[key]["order"]:
             newest[key] = e
     current: dict[str, dict] = {t: {} for t in TABLES}
     for (table, key), e in newest.items():
-        if e["op"] != "d" and e["lsn"] >= truncated.get(table, -1):
+        if e["op"] != "d" and e["order"][0] >= truncated.get(table, (-1,)):
             current[table][key] = e["row"]
     return current
 
@@ -385,15 +387,19 @@ def _history(ops: list[tuple], rng: random.Random, batches: int, widen_batch: in
         lsn += 0 if same_lsn else 1
         wide = batch_of[i] >= widen_batch
         row = None if op == "t" else _row(table, key, (a, b, fk2), rng, wide)
-        events.append(_event(table, op, key, row, lsn))
+        # what a PostgreSQL connector would have written it as (other rules ignore it)
+        kind = rng.choices(["streamed", "snapshot", "first"], [0.7, 0.15, 0.15])[0]
+        if kind == "snapshot" and op in ("d", "t"):
+            kind = "streamed"  # a snapshot reads rows (op "r"): no deletes, no truncates
+        events.append(_event(table, "r" if kind == "snapshot" else op, key, row, lsn, kind))
     out: list[list[dict]] = [[] for _ in range(max(batch_of) + 1)]
     for i, e in enumerate(events):
         out[batch_of[i]].append(e)
     return out
 
 
-def _event(table: str, op: str, key: Any, row: dict | None, lsn: int) -> dict:
-    return {"table": table, "op": op, "key": key, "row": row, "lsn": lsn}
+def _event(table: str, op: str, key: Any, row: dict | None, lsn: int, kind: str = "streamed") -> dict:
+    return {"table": table, "op": op, "key": key, "row": row, "lsn": lsn, "kind": kind}
 
 
 def _land(writer, events: list[dict], rng: random.Random, rule: str) -> list[dict]:
@@ -404,6 +410,7 @@ def _land(writer, events: list[dict], rng: random.Random, rule: str) -> list[dic
         if not mine:
             continue
         lines: list[Any] = []
+        ranks: list[tuple] = []
         for e in mine:
             if e["op"] == "t":
                 lines.append(writer.event(table, "t", lsn=e["lsn"]))
@@ -411,30 +418,46 @@ def _land(writer, events: list[dict], rng: random.Random, rule: str) -> list[dic
                 lines.append(writer.delete(table, e["row"], e["lsn"]))
             else:
                 lines.append(writer.upsert(table, e["row"], e["lsn"], e["op"]))
-            _position(lines[-1], rule, e["lsn"])
+            ranks.append(_position(lines[-1], rule, e["lsn"], e["kind"]))
         if rng.random() < 0.3:
             lines.insert(rng.randrange(len(lines) + 1), "{not json at all")
         path = writer.write(table, lines)
         numbered = [n for n, line in enumerate(lines, start=1) if not isinstance(line, str)]
-        landed += [{**e, "order": (e["lsn"], path.name, n)} for e, n in zip(mine, numbered, strict=True)]
+        order = zip(mine, ranks, numbered, strict=True)
+        landed += [{**e, "order": (rank, path.name, n)} for e, rank, n in order]
     return landed
 
 
-def _position(event: dict, rule: str, lsn: int) -> None:
-    """Give an event the source position its connector would write for sequence ``lsn``.
+def _position(event: dict, rule: str, lsn: int, kind: str) -> tuple[int, ...]:
+    """Give an event the source position its connector would write for sequence ``lsn``, and
+    return the rank the oracle orders it by (then by file and line).
 
-    The positions order as ``lsn`` does, equal ones included: PostgreSQL's ``source.sequence``
-    is ``[last commit LSN, LSN]`` as text, MySQL's position is (binlog file, pos, row), and both
-    have numbers that gain digits every few steps (compared as text, "12" < "5").
+    The positions order as ``lsn`` does, equal ones included, and have numbers that gain digits
+    every few steps (compared as text, "12" < "5"). MySQL's position is (binlog file, pos, row).
+    PostgreSQL's ``source.sequence`` is ``[last commit LSN, LSN]`` as text: a ``streamed`` event
+    at ``n`` is ``[2^(n - n % 2), 2^n]`` (one transaction commits every two LSNs), a
+    ``snapshot`` row ``[null, 2^n]`` (Debezium starts an initial snapshot, run again or not,
+    with no last commit LSN: the row sorts after every change committed before it, at an even
+    ``n`` before the changes of ``n`` itself, at an odd one after them) and a ``first`` event
+    ``[null, 2^n]`` too (the first transaction streamed after a snapshot: after the changes
+    before it).
     """
     if rule == "configured":
-        return
+        return (lsn,)
     payload = event.get("payload", event)
     source = payload["source"]
     if rule == "postgresql":
-        source["lsn"] = 2**lsn
-        source["sequence"] = json.dumps([str(3 ** (lsn // 2)), str(2**lsn)])
-        extra = [{"type": "string", "optional": True, "field": "sequence"}]
+        first, position = 2 ** (lsn - lsn % 2), 2**lsn
+        source["lsn"] = position
+        source["snapshot"] = ("true", "last", "first")[lsn % 3] if kind == "snapshot" else "false"
+        pair = [None if kind != "streamed" else str(first), str(position)]
+        source["sequence"] = json.dumps(pair)
+        extra = [
+            {"type": "string", "optional": True, "field": "snapshot"},
+            {"type": "string", "optional": True, "field": "sequence"},
+        ]
+        ranks = {"streamed": (first, position), "snapshot": (position, -1), "first": (position, position)}
+        rank = ranks[kind]
     else:
         del source["lsn"]
         binlog = f"mysql-bin.{lsn // 4:06d}"
@@ -444,10 +467,12 @@ def _position(event: dict, rule: str, lsn: int) -> None:
             {"type": "int64", "optional": False, "field": "pos"},
             {"type": "int32", "optional": True, "field": "row"},
         ]
+        rank = (lsn,)
     if "schema" in event:
         schema = next(f for f in event["schema"]["fields"] if f["field"] == "source")
         schema["fields"] = [f for f in schema["fields"] if f["field"] != "lsn" or rule != "mysql"] + extra
         schema["name"] = f"io.debezium.connector.{rule}.Source"
+    return rank
 
 
 def _run_with_crashes(pipeline, rng: random.Random, plans: list[str]) -> None:

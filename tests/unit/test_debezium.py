@@ -248,7 +248,7 @@ def test_postgres_temporal_types_in_both_precision_modes_in_one_batch(spark):
     assert connect.d == date(2022, 10, 19)
     assert (connect.t, connect.t2) == ("02:49:22.800", "02:49:22.813")
     assert outcome.batch.row_schema.names == ["id", "ts", "d", "t", "ts2", "t2"]
-    assert outcome.events[(names[0], 1)]._seq == seq("", padded(25503568))
+    assert outcome.events[(names[0], 1)]._seq == seq(padded(25503568), "")  # a snapshot row
 
 
 def test_array_items_carry_their_logical_types(spark):
@@ -321,7 +321,8 @@ def test_postgres_payload_only_events_get_inferred_types(spark):
     )
     delete = outcome.events[(name, 5)]
     assert (delete._after, delete._before.id, delete._before.weight) == (None, 111, 5.17)
-    assert outcome.events[(name, 1)]._seq == seq("", padded(34078720))  # no source.sequence: ('', lsn)
+    # A snapshot row of a connector without source.sequence: (lsn, '')
+    assert outcome.events[(name, 1)]._seq == seq(padded(34078720), "")
 
 
 # -- crafted events: decoding -----------------------------------------------------------------
@@ -535,9 +536,36 @@ def test_a_batch_of_several_connectors_needs_the_rule_named_unless_bronze_has_on
         parse_events(text_lines(spark, texts), source("id"))
     # Named by the config, or recorded in bronze: the connectors do not matter.
     named = parse_events(text_lines(spark, texts), source("id", connector="postgresql"))
-    assert named.sequence.fields == ("source.sequence", "source.lsn")
+    assert named.sequence.fields == ("source.sequence", "source.lsn", "source.snapshot")
     recorded = parse_events(text_lines(spark, texts), source("id"), recorded=("source.lsn",))
     assert recorded.sequence.fields == ("source.lsn",)
+
+
+def test_a_postgres_bronze_of_older_versions_keeps_its_encoding_also_with_connector_named(spark):
+    """Bronze written before 2026-11-28 recorded PostgreSQL's rule as (source.sequence,
+    source.lsn) and encoded a null first element as ''. Its later batches keep that encoding
+    (values of two encodings do not compare), with or without ``connector: postgresql``."""
+    texts = [
+        event(
+            "r",
+            {"id": 1},
+            source={
+                "connector": "postgresql",
+                "lsn": 8,
+                "snapshot": "true",
+                "sequence": json.dumps([None, "8"]),
+            },
+        )
+    ]
+    old = ("source.sequence", "source.lsn")
+    for src in (source("id"), source("id", connector="postgresql")):
+        batch = parse_events(text_lines(spark, texts), src, recorded=old)
+        assert (batch.sequence.name, batch.sequence.fields) == ("postgresql_before_2026_11_28", old)
+        [row] = batch.events.select("_seq").collect()
+        assert row._seq == seq("", padded(8))
+    new = parse_events(text_lines(spark, texts), source("id"))
+    [row] = new.events.select("_seq").collect()
+    assert row._seq == seq(padded(8), "")
 
 
 def test_inferred_types_stay_stable_across_batches(spark):
@@ -696,11 +724,6 @@ def _newest_first(connector: str, fields: tuple[str, str], rows: list[tuple]) ->
     ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known issue (README, PostgreSQL): rows of an initial snapshot run again after streaming "
-    "carry source.sequence [null, lsn] and sort below every change streamed before with a commit LSN",
-)
 def test_a_postgres_initial_snapshot_run_again_after_streaming_sorts_after_the_changes_before_it(spark):
     """Debezium's PostgreSQL connector starts an initial snapshot's offset with no last commit
     LSN (``PostgresOffsetContext.initialContext``), so its rows carry ``[null, X]``, X the WAL
@@ -720,30 +743,48 @@ def test_a_postgres_initial_snapshot_run_again_after_streaming_sorts_after_the_c
 
 
 def test_postgres_sequence_pairs_sort_element_wise_and_fall_back_to_lsn(spark):
-    sequences: list[tuple[list[Any] | None, int]] = [
-        (["10", "9"], 9),
-        (["9", "10"], 10),
-        (["10", "10"], 10),
-        ([None, "5"], 5),
-        (None, 7),  # an older connector: no source.sequence
-        (["100", "11"], 11),
+    """``[last commit LSN, LSN]`` element-wise. Debezium leaves the first element null in an
+    initial snapshot's rows and in the first transaction streamed after a start: a snapshot row
+    ``[null, X]`` sorts as ``(X, '')``, after every change committed before X and before the
+    changes that follow it; a streamed ``[null, L]`` (or an older connector's bare ``lsn``) as
+    ``(L, L)``."""
+    sequences: list[tuple[list[Any] | None, int, str]] = [
+        (["10", "9"], 9, "false"),
+        (["9", "10"], 10, "false"),
+        (["10", "10"], 10, "false"),
+        ([None, "5"], 5, "false"),  # the first transaction streamed after a start
+        (None, 7, "false"),  # an older connector: no source.sequence
+        (["100", "11"], 11, "false"),
+        ([None, "8"], 8, "true"),  # an initial snapshot read at LSN 8
+        (["8", "12"], 12, "false"),  # streamed after it
     ]
     texts = [
         event(
-            "u",
+            "u" if snapshot == "false" else "r",
             {"id": 1},
-            source={"connector": "postgresql", "lsn": lsn, **({"sequence": json.dumps(s)} if s else {})},
+            source={
+                "connector": "postgresql",
+                "lsn": lsn,
+                "snapshot": snapshot,
+                **({"sequence": json.dumps(s)} if s else {}),
+            },
         )
-        for s, lsn in sequences
+        for s, lsn, snapshot in sequences
     ]
     outcome = parse(text_lines(spark, texts), source("id"))
 
-    def key(item: tuple[int, tuple[list[Any] | None, int]]) -> tuple[int, int]:
-        pair, lsn = item[1]
-        return (int(pair[0]) if pair and pair[0] else -1, int(pair[1]) if pair else lsn)
+    def key(item: tuple[int, tuple[list[Any] | None, int, str]]) -> tuple[int, int]:
+        pair, lsn, snapshot = item[1]
+        first = int(pair[0]) if pair and pair[0] else None
+        second = int(pair[1]) if pair else lsn
+        if first is None:
+            return (second, -1 if snapshot != "false" else second)
+        return (first, second)
 
     assert order_of(outcome) == [i + 1 for i, _ in sorted(enumerate(sequences), key=key)]
-    assert outcome.events[("batch.jsonl", 4)]._seq == seq("", padded(5))
+    assert order_of(outcome) == [4, 5, 7, 8, 2, 1, 3, 6]
+    assert outcome.events[("batch.jsonl", 4)]._seq == seq(padded(5), padded(5))
+    assert outcome.events[("batch.jsonl", 7)]._seq == seq(padded(8), "")
 
 
 def test_configured_sequence_numbers_arrays_and_rejected_values(spark):

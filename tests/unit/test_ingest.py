@@ -667,3 +667,58 @@ def test_a_bronze_of_older_versions_keeps_the_rule_they_read_from_it(spark, stor
     write_deltalake(path, table.set_column(column, "_seq_values", old), mode="overwrite")
 
     assert recorded_sequence(storage, path) == ("source.commit_lsn",)
+
+
+def _postgres(op: str, id_: int, sequence: list, snapshot: str = "false") -> str:
+    lsn = int(sequence[1])
+    source = {"connector": "postgresql", "lsn": lsn, "snapshot": snapshot, "sequence": json.dumps(sequence)}
+    return json.dumps({"op": op, "before": None, "after": {"id": id_}, "source": source, "ts_ms": 1})
+
+
+@pytest.mark.parametrize("connector", [None, "postgresql"])
+def test_a_postgres_bronze_of_older_versions_goes_on_with_its_encoding(spark, storage, tmp_path, connector):
+    """Bronze ingested before 2026-11-28 recorded PostgreSQL's rule as (source.sequence,
+    source.lsn) and encoded a snapshot row's null first element as ''. Its later batches keep
+    that encoding, with or without ``connector: postgresql``: encoded the new way, a change
+    would compare with the old rows by a different rule. A new lake takes the new encoding."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from cdc_join.debezium import SEQ_SEPARATOR
+    from cdc_join.ingest import recorded_sequence
+
+    def sequences(config: PipelineConfig) -> dict[tuple[str, int], str]:
+        rows = storage.read(config.bronze_path("customers")).select("_file", "_line", "_seq").collect()
+        return {(r._file, r._line): r._seq for r in rows}
+
+    config = pipeline(tmp_path)
+    if connector:
+        source = dataclasses.replace(config.sources["customers"], connector=connector)
+        config = dataclasses.replace(config, sources={"customers": source})
+    land(config, "001.jsonl", _postgres("r", 1, [None, "8"], "last") + "\n")
+    ingest_all(spark, storage, config)
+    path = config.bronze_path("customers")
+    new = ("source.sequence", "source.lsn", "source.snapshot")
+    assert recorded_sequence(storage, path) == new
+    # the row as versions before 2026-11-28 wrote it
+    table = DeltaTable(path).to_pyarrow_table()
+    old_values = json.dumps(
+        {"source.sequence": json.dumps([None, "8"]), "source.lsn": "8"}, separators=(",", ":")
+    )
+    old_seq = SEQ_SEPARATOR.join(["", "8".zfill(20)])
+    for name, value in (("_seq_values", old_values), ("_seq", old_seq)):
+        column = pa.array([value] * table.num_rows, table.schema.field(name).type)
+        table = table.set_column(table.schema.get_field_index(name), name, column)
+    write_deltalake(path, table, mode="overwrite")
+    assert recorded_sequence(storage, path) == ("source.sequence", "source.lsn")
+    later = [_postgres("u", 1, ["9", "10"]), _postgres("r", 1, [None, "12"], "true")]
+    land(config, "002.jsonl", "\n".join(later) + "\n")
+
+    ingest_all(spark, storage, config)
+
+    assert sequences(config)[("002.jsonl", 1)] == SEQ_SEPARATOR.join(["9".zfill(20), "10".zfill(20)])
+    assert sequences(config)[("002.jsonl", 2)] == SEQ_SEPARATOR.join(["", "12".zfill(20)])  # as before
+    fresh = pipeline(tmp_path / "fresh")
+    land(fresh, "002.jsonl", "\n".join(later) + "\n")
+    ingest_all(spark, storage, fresh)
+    assert sequences(fresh)[("002.jsonl", 2)] == SEQ_SEPARATOR.join(["12".zfill(20), ""])
