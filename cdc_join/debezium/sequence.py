@@ -197,7 +197,8 @@ def _sequence_components(rule: SequenceRule) -> list[str]:
         return [first, second]
     # Debezium starts an initial snapshot, and streaming after a start, with no last commit LSN:
     # such a snapshot row ([null, X]) sorts as (X, ''), after every change committed before it
-    # (a re-snapshot), and a streamed change ([null, L], the first transaction) as (L, L).
+    # (a re-snapshot), and a streamed change ([null, L], the first transaction) as (L, L). Two
+    # cases stay wrong, as no event field could place them (README, "null first element").
     snapshot = (
         "coalesce(try_variant_get(__p, '$.source.snapshot', 'string'), 'false') "
         "NOT IN ('false', 'incremental')"
