@@ -64,6 +64,7 @@ from pyspark.sql.types import (
 from cdc_join.changeset import ChangeSet, arrow_schema, cast_table, empty, from_arrow, materialize
 from cdc_join.config import PipelineConfig
 from cdc_join.debezium import QUARANTINE_SCHEMA, ParsedBatch, parse_events
+from cdc_join.debezium.sequence import LEGACY_RULES
 from cdc_join.debezium.sql import lit
 from cdc_join.errors import ConfigError, InputError
 from cdc_join.storage.base import MergeSpec, Storage
@@ -131,6 +132,9 @@ class IngestReport:
     written)."""
     missing_folder: str | None = None
     """The landing folder, when it does not exist (yet)."""
+    legacy_sequence: str | None = None
+    """The sequence rule of an earlier version that this batch kept, as bronze was ingested with
+    it (:data:`~cdc_join.debezium.sequence.LEGACY_RULES`)."""
 
     def warnings(self) -> list[str]:
         """What the run report says about :attr:`missing_folder`, :attr:`unread` and
@@ -138,6 +142,14 @@ class IngestReport:
         found = _folder_warnings(self.source, self.missing_folder, self.unread)
         if self.unavailable:
             found.append(self._unavailable_warning())
+        if self.legacy_sequence is not None:
+            found.append(
+                f"source {self.source!r}: its bronze was ingested with the sequence rule "
+                f"{self.legacy_sequence!r}, which this batch keeps (values of two encodings do not "
+                "compare): an initial snapshot run again after streaming does not replace the rows "
+                'streamed before it (README, "PostgreSQL\'s null first element"). To take the '
+                "current rule, ingest the landing files again into a new lake"
+            )
         return found
 
     def _unavailable_warning(self) -> str:
@@ -351,6 +363,8 @@ def ingest_source(
         _ingest_files(spark, storage, config, source_name, pending, after_step) if pending else ({}, {}, {})
     )
     total = _FileCounts(*(sum(column) for column in zip(*(astuple(c) for c in counts.values()), strict=True)))
+    bronze = config.bronze_path(source_name)
+    recorded = recorded_sequence(storage, bronze) if pending and storage.exists(bronze) else None
     if pending and progress is not None:
         progress(
             f"  ingest {source_name}: {total.events} events, {total.quarantined} quarantined, "
@@ -368,6 +382,7 @@ def ingest_source(
         unavailable=unavailable,
         unread=tuple(unread),
         missing_folder=source.landing if missing else None,
+        legacy_sequence=LEGACY_RULES.get(recorded) if recorded is not None else None,
     )
 
 

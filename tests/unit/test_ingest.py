@@ -714,11 +714,15 @@ def test_a_postgres_bronze_of_older_versions_goes_on_with_its_encoding(spark, st
     later = [_postgres("u", 1, ["9", "10"]), _postgres("r", 1, [None, "12"], "true")]
     land(config, "002.jsonl", "\n".join(later) + "\n")
 
-    ingest_all(spark, storage, config)
+    [warning] = ingest_all(spark, storage, config)["customers"].warnings()
 
+    assert (
+        "'customers': its bronze was ingested with the sequence rule 'postgresql_before_2026_11_28'"
+        in warning
+    )
     assert sequences(config)[("002.jsonl", 1)] == SEQ_SEPARATOR.join(["9".zfill(20), "10".zfill(20)])
     assert sequences(config)[("002.jsonl", 2)] == SEQ_SEPARATOR.join(["", "12".zfill(20)])  # as before
     fresh = pipeline(tmp_path / "fresh")
     land(fresh, "002.jsonl", "\n".join(later) + "\n")
-    ingest_all(spark, storage, fresh)
+    assert ingest_all(spark, storage, fresh)["customers"].warnings() == []
     assert sequences(fresh)[("002.jsonl", 2)] == SEQ_SEPARATOR.join(["12".zfill(20), ""])
