@@ -143,13 +143,7 @@ class IngestReport:
         if self.unavailable:
             found.append(self._unavailable_warning())
         if self.legacy_sequence is not None:
-            found.append(
-                f"source {self.source!r}: its bronze was ingested with the sequence rule "
-                f"{self.legacy_sequence!r}, which this batch keeps (values of two encodings do not "
-                "compare): an initial snapshot run again after streaming does not replace the rows "
-                'streamed before it (README, "PostgreSQL\'s null first element"). To take the '
-                "current rule, ingest the landing files again into a new lake"
-            )
+            found.append(_legacy_warning(self.source, self.legacy_sequence))
         return found
 
     def _unavailable_warning(self) -> str:
@@ -162,6 +156,28 @@ class IngestReport:
             "unchanged LOB: set REPLICA IDENTITY FULL (or enable LOB capture), then snapshot the "
             "table again (a Debezium incremental snapshot) to replace the placeholders"
         )
+
+
+def _legacy_warning(source: str, rule: str) -> str:
+    return (
+        f"source {source!r}: its bronze was ingested with the sequence rule {rule!r}, which its "
+        "new events keep (values of two encodings do not compare): an initial snapshot run again "
+        "after streaming does not replace the rows streamed before it (README, \"PostgreSQL's "
+        'null first element"). To take the current rule, ingest the landing files again into a '
+        "new lake"
+    )
+
+
+def legacy_warnings(storage: Storage, config: PipelineConfig) -> list[str]:
+    """What to say about sources whose bronze keeps a rule of an earlier version (see
+    :data:`~cdc_join.debezium.sequence.LEGACY_RULES`)."""
+    found = []
+    for name in config.sources:
+        bronze = config.bronze_path(name)
+        rule = LEGACY_RULES.get(recorded_sequence(storage, bronze) or ()) if storage.exists(bronze) else None
+        if rule is not None:
+            found.append(_legacy_warning(name, rule))
+    return found
 
 
 def _folder_warnings(source: str, missing_folder: str | None, unread: Sequence[str]) -> list[str]:

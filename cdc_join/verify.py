@@ -27,7 +27,7 @@ from pyspark.sql.types import ArrayType, DataType, MapType, StructType
 
 from cdc_join import lookup, resolve, runlog, state, subscription
 from cdc_join.config import PipelineConfig
-from cdc_join.ingest import beyond_lookback, landing_warnings, list_folders
+from cdc_join.ingest import beyond_lookback, landing_warnings, legacy_warnings, list_folders
 from cdc_join.runlog import Checkpoint
 from cdc_join.schemas import quoted, widens_to
 from cdc_join.storage import Storage
@@ -192,7 +192,7 @@ def verify(
     expected = _comparable(computed).cache()
     cached = [*current.values(), expected]
     landing = list_folders(storage.spark, config)
-    notes = landing_warnings(config, landing)
+    notes = landing_warnings(config, landing) + legacy_warnings(storage, config)
     try:
         if storage.exists(config.silver_path):
             stored = storage.read(config.silver_path)

@@ -685,7 +685,8 @@ def test_a_postgres_bronze_of_older_versions_goes_on_with_its_encoding(spark, st
     from deltalake import write_deltalake
 
     from cdc_join.debezium import SEQ_SEPARATOR
-    from cdc_join.ingest import recorded_sequence
+    from cdc_join.ingest import legacy_warnings, recorded_sequence
+    from cdc_join.pipeline import Pipeline
 
     def sequences(config: PipelineConfig) -> dict[tuple[str, int], str]:
         rows = storage.read(config.bronze_path("customers")).select("_file", "_line", "_seq").collect()
@@ -722,7 +723,14 @@ def test_a_postgres_bronze_of_older_versions_goes_on_with_its_encoding(spark, st
     )
     assert sequences(config)[("002.jsonl", 1)] == SEQ_SEPARATOR.join(["9".zfill(20), "10".zfill(20)])
     assert sequences(config)[("002.jsonl", 2)] == SEQ_SEPARATOR.join(["", "12".zfill(20)])  # as before
+    # A run goes on with it (the change at [9, 10] is the newest), and verify says it too.
+    run = Pipeline(config, spark, storage)
+    run.run()
+    checked = run.verify()
+    assert checked.ok
+    assert "'customers': its bronze was ingested with the sequence rule" in checked.summary()
     fresh = pipeline(tmp_path / "fresh")
     land(fresh, "002.jsonl", "\n".join(later) + "\n")
     assert ingest_all(spark, storage, fresh)["customers"].warnings() == []
+    assert legacy_warnings(storage, fresh) == []
     assert sequences(fresh)[("002.jsonl", 2)] == SEQ_SEPARATOR.join(["12".zfill(20), ""])
