@@ -64,7 +64,7 @@ from pyspark.sql.types import (
 from cdc_join.changeset import ChangeSet, arrow_schema, cast_table, empty, from_arrow, materialize
 from cdc_join.config import PipelineConfig
 from cdc_join.debezium import QUARANTINE_SCHEMA, ParsedBatch, parse_events
-from cdc_join.debezium.sequence import LEGACY_RULES
+from cdc_join.debezium.sequence import LEGACY_RULES, kept_legacy_rule
 from cdc_join.debezium.sql import lit
 from cdc_join.errors import ConfigError, InputError
 from cdc_join.storage.base import MergeSpec, Storage
@@ -133,12 +133,12 @@ class IngestReport:
     missing_folder: str | None = None
     """The landing folder, when it does not exist (yet)."""
     legacy_sequence: str | None = None
-    """The sequence rule of an earlier version that this batch kept, as bronze was ingested with
-    it (:data:`~cdc_join.debezium.sequence.LEGACY_RULES`)."""
+    """The rule of an earlier version this batch's events were ordered by, as bronze's were
+    (:data:`~cdc_join.debezium.sequence.LEGACY_RULES`)."""
 
     def warnings(self) -> list[str]:
-        """What the run report says about :attr:`missing_folder`, :attr:`unread` and
-        :attr:`unavailable`, if anything."""
+        """What the run report says about :attr:`missing_folder`, :attr:`unread`,
+        :attr:`unavailable` and :attr:`legacy_sequence`, if anything."""
         found = _folder_warnings(self.source, self.missing_folder, self.unread)
         if self.unavailable:
             found.append(self._unavailable_warning())
@@ -164,7 +164,7 @@ def _legacy_warning(source: str, rule: str) -> str:
         "new events keep (values of two encodings do not compare): an initial snapshot run again "
         "after streaming does not replace the rows streamed before it (README, \"PostgreSQL's "
         'null first element"). To take the current rule, ingest the landing files again into a '
-        "new lake"
+        "new lake, or start one from the latest snapshot's files"
     )
 
 
@@ -172,9 +172,11 @@ def legacy_warnings(storage: Storage, config: PipelineConfig) -> list[str]:
     """What to say about sources whose bronze keeps a rule of an earlier version (see
     :data:`~cdc_join.debezium.sequence.LEGACY_RULES`)."""
     found = []
-    for name in config.sources:
+    for name, source in config.sources.items():
         bronze = config.bronze_path(name)
-        rule = LEGACY_RULES.get(recorded_sequence(storage, bronze) or ()) if storage.exists(bronze) else None
+        rule = (
+            kept_legacy_rule(source, recorded_sequence(storage, bronze)) if storage.exists(bronze) else None
+        )
         if rule is not None:
             found.append(_legacy_warning(name, rule))
     return found
@@ -375,12 +377,12 @@ def ingest_source(
     if pending and progress is not None:
         size = sum(f.size for f in pending) / 1e6
         progress(f"  ingest {source_name}: {len(pending)} new file(s), {size:.1f} MB ...")
-    counts, reasons, unavailable = (
-        _ingest_files(spark, storage, config, source_name, pending, after_step) if pending else ({}, {}, {})
+    counts, reasons, unavailable, rule = (
+        _ingest_files(spark, storage, config, source_name, pending, after_step)
+        if pending
+        else ({}, {}, {}, "")
     )
     total = _FileCounts(*(sum(column) for column in zip(*(astuple(c) for c in counts.values()), strict=True)))
-    bronze = config.bronze_path(source_name)
-    recorded = recorded_sequence(storage, bronze) if pending and storage.exists(bronze) else None
     if pending and progress is not None:
         progress(
             f"  ingest {source_name}: {total.events} events, {total.quarantined} quarantined, "
@@ -398,7 +400,7 @@ def ingest_source(
         unavailable=unavailable,
         unread=tuple(unread),
         missing_folder=source.landing if missing else None,
-        legacy_sequence=LEGACY_RULES.get(recorded) if recorded is not None else None,
+        legacy_sequence=rule if rule in LEGACY_RULES.values() else None,
     )
 
 
@@ -456,10 +458,11 @@ def _ingest_files(
     source_name: str,
     pending: Sequence[LandedFile],
     after_step: StepHook | None,
-) -> tuple[dict[str, _FileCounts], dict[str, int], dict[str, int]]:
+) -> tuple[dict[str, _FileCounts], dict[str, int], dict[str, int], str]:
     """Parse ``pending`` (one Spark job for the batch's schemas, one for its lines), then write;
-    the outcome counts per file, the quarantined lines per reason, and per column the events
-    holding Debezium's placeholder for a value it could not read.
+    the outcome counts per file, the quarantined lines per reason, per column the events
+    holding Debezium's placeholder for a value it could not read, and the name of the sequence
+    rule the events were ordered by ('' when no file could be read).
 
     A file Spark cannot read at all (a truncated gzip, say) fails the batch's job; then each
     file is tried alone, and those that fail are quarantined whole, with the reason, while the
@@ -486,7 +489,7 @@ def _ingest_files(
         outcome = parsed.with_unreadable(source_name, unreadable)
     counts = _write_all(spark, storage, config, source_name, pending, outcome, after_step)
     reasons = outcome.quarantine.value_counts("reason") if outcome.quarantine.rows else {}
-    return counts, reasons, dict(outcome.unavailable)
+    return counts, reasons, dict(outcome.unavailable), outcome.sequence_rule
 
 
 def _parse(
@@ -553,6 +556,7 @@ class _Outcome:
     row_schema: StructType
     ingested_at: datetime
     unavailable: Mapping[str, int] = field(default_factory=dict)
+    sequence_rule: str = ""
 
     @classmethod
     def of(cls, parsed: ParsedBatch, source_name: str, ingested_at: datetime) -> _Outcome:
@@ -591,6 +595,7 @@ class _Outcome:
             row_schema=parsed.row_schema,
             ingested_at=ingested_at,
             unavailable=unavailable_values(events.column("_after")),
+            sequence_rule=parsed.sequence.name,
         )
 
     def with_unreadable(self, source_name: str, unreadable: Mapping[str, str]) -> _Outcome:

@@ -191,9 +191,9 @@ def verify(
     types = {f.name: f.dataType for f in computed.schema.fields}
     expected = _comparable(computed).cache()
     cached = [*current.values(), expected]
-    landing = list_folders(storage.spark, config)
-    notes = landing_warnings(config, landing) + legacy_warnings(storage, config)
     try:
+        landing = list_folders(storage.spark, config)
+        notes = landing_warnings(config, landing) + legacy_warnings(storage, config)
         if storage.exists(config.silver_path):
             stored = storage.read(config.silver_path)
             have = {f.name: f.dataType for f in stored.schema.fields}

@@ -9,7 +9,8 @@ Rules (``sequence_by`` in the config wins over all of them):
 
 - PostgreSQL: ``(source.sequence[0], source.sequence[1] or source.lsn)``; per-event LSNs are
   not monotonic across interleaved transactions, the ``[last_commit_lsn, lsn]`` pair is. A
-  null first element takes the LSN, and an initial snapshot's row sorts first among its LSN's;
+  null first element takes the LSN: an initial snapshot's row ``[null, X]`` sorts after every
+  change committed before X and before the changes whose first element is X;
 - MySQL and MariaDB: ``(source.file, source.pos, source.row)``;
 - SQL Server: ``(source.commit_lsn, source.change_lsn, source.event_serial_no)``;
 - Db2: ``(source.commit_lsn, source.change_lsn)`` (a snapshot row carries the snapshot's LSN as
@@ -138,6 +139,19 @@ def sequence_rule(
     return rule
 
 
+def kept_legacy_rule(source: SourceConfig, recorded: tuple[str, ...] | None) -> str | None:
+    """The name of the rule of an earlier version (:data:`LEGACY_RULES`) that the source's next
+    events are ordered by, because bronze's were; ``None`` when they take a current rule (or
+    the config's rule is not bronze's, which a run reports as an error)."""
+    if recorded not in LEGACY_RULES:
+        return None
+    try:
+        name = sequence_rule(source, (), recorded).name
+    except ConfigError:
+        return None
+    return name if name in LEGACY_RULES.values() else None
+
+
 def decided_fields(source: SourceConfig, recorded: tuple[str, ...] | None) -> tuple[str, ...] | None:
     """The fields of the rule :func:`sequence_rule` picks when the config or bronze decide it,
     whatever connectors a batch names; ``None`` when the batch's connectors decide.
@@ -237,7 +251,7 @@ def with_sequence(decoded: DataFrame, rule: SequenceRule) -> DataFrame:
 
 
 def _positions(rule: SequenceRule) -> tuple[str, ...]:
-    """The fields of ``rule`` that hold a position (an event without all of them has none)."""
+    """The fields of ``rule`` that hold a position (an event with none of them has none)."""
     return tuple(f for f in rule.fields if f != SNAPSHOT_FIELD)
 
 

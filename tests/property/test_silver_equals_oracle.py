@@ -432,15 +432,15 @@ def _position(event: dict, rule: str, lsn: int, kind: str) -> tuple[int, ...]:
     """Give an event the source position its connector would write for sequence ``lsn``, and
     return the rank the oracle orders it by (then by file and line).
 
-    The positions order as ``lsn`` does, equal ones included, and have numbers that gain digits
-    every few steps (compared as text, "12" < "5"). MySQL's position is (binlog file, pos, row).
-    PostgreSQL's ``source.sequence`` is ``[last commit LSN, LSN]`` as text: a ``streamed`` event
-    at ``n`` is ``[2^(n - n % 2), 2^n]`` (one transaction commits every two LSNs), a
-    ``snapshot`` row ``[null, 2^n]`` (Debezium starts an initial snapshot, run again or not,
-    with no last commit LSN: the row sorts after every change committed before it, at an even
-    ``n`` before the changes of ``n`` itself, at an odd one after them) and a ``first`` event
-    ``[null, 2^n]`` too (the first transaction streamed after a snapshot: after the changes
-    before it).
+    The positions order as ``lsn`` does, equal ones included (but for PostgreSQL's kinds at one
+    ``lsn``, below), and have numbers that gain digits every few steps (as text, "12" < "5").
+    MySQL's position is (binlog file, pos, row). PostgreSQL's ``source.sequence`` is ``[last
+    commit LSN, LSN]`` as text: a ``streamed`` event at ``n`` is ``[2^(n - n % 2), 2^n]`` (one
+    transaction commits every two LSNs), a ``snapshot`` row ``[null, 2^n]`` (Debezium starts an
+    initial snapshot, run again or not, with no last commit LSN: the row sorts after every
+    change committed before it, at an even ``n`` before the changes of ``n`` itself, at an odd
+    one after them) and a ``first`` event ``[null, 2^n]`` too (the first transaction streamed
+    after a snapshot: after the changes before it).
     """
     if rule == "configured":
         return (lsn,)

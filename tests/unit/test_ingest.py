@@ -669,10 +669,18 @@ def test_a_bronze_of_older_versions_keeps_the_rule_they_read_from_it(spark, stor
     assert recorded_sequence(storage, path) == ("source.commit_lsn",)
 
 
-def _postgres(op: str, id_: int, sequence: list, snapshot: str = "false") -> str:
+def _postgres(op: str, name: str, sequence: list, snapshot: str = "false") -> str:
     lsn = int(sequence[1])
     source = {"connector": "postgresql", "lsn": lsn, "snapshot": snapshot, "sequence": json.dumps(sequence)}
-    return json.dumps({"op": op, "before": None, "after": {"id": id_}, "source": source, "ts_ms": 1})
+    after = {"id": 1, "name": name}
+    return json.dumps({"op": op, "before": None, "after": after, "source": source, "ts_ms": 1})
+
+
+def _current_name(spark, storage, config: PipelineConfig) -> str:
+    from cdc_join.state import current_rows
+
+    [row] = current_rows(storage.read(config.state_path("customers")), ["id"]).select("name").collect()
+    return row.name
 
 
 @pytest.mark.parametrize("connector", [None, "postgresql"])
@@ -696,7 +704,7 @@ def test_a_postgres_bronze_of_older_versions_goes_on_with_its_encoding(spark, st
     if connector:
         source = dataclasses.replace(config.sources["customers"], connector=connector)
         config = dataclasses.replace(config, sources={"customers": source})
-    land(config, "001.jsonl", _postgres("r", 1, [None, "8"], "last") + "\n")
+    land(config, "001.jsonl", _postgres("r", "snapshot", [None, "8"], "last") + "\n")
     ingest_all(spark, storage, config)
     path = config.bronze_path("customers")
     new = ("source.sequence", "source.lsn", "source.snapshot")
@@ -712,7 +720,7 @@ def test_a_postgres_bronze_of_older_versions_goes_on_with_its_encoding(spark, st
         table = table.set_column(table.schema.get_field_index(name), name, column)
     write_deltalake(path, table, mode="overwrite")
     assert recorded_sequence(storage, path) == ("source.sequence", "source.lsn")
-    later = [_postgres("u", 1, ["9", "10"]), _postgres("r", 1, [None, "12"], "true")]
+    later = [_postgres("u", "streamed", ["9", "10"]), _postgres("r", "snapshot again", [None, "12"], "true")]
     land(config, "002.jsonl", "\n".join(later) + "\n")
 
     [warning] = ingest_all(spark, storage, config)["customers"].warnings()
@@ -723,9 +731,10 @@ def test_a_postgres_bronze_of_older_versions_goes_on_with_its_encoding(spark, st
     )
     assert sequences(config)[("002.jsonl", 1)] == SEQ_SEPARATOR.join(["9".zfill(20), "10".zfill(20)])
     assert sequences(config)[("002.jsonl", 2)] == SEQ_SEPARATOR.join(["", "12".zfill(20)])  # as before
-    # A run goes on with it (the change at [9, 10] is the newest), and verify says it too.
+    # A run goes on with it (the change at [9, 10] is the newest there), and verify says so.
     run = Pipeline(config, spark, storage)
     run.run()
+    assert _current_name(spark, storage, config) == "streamed"
     checked = run.verify()
     assert checked.ok
     assert "'customers': its bronze was ingested with the sequence rule" in checked.summary()
@@ -734,3 +743,21 @@ def test_a_postgres_bronze_of_older_versions_goes_on_with_its_encoding(spark, st
     assert ingest_all(spark, storage, fresh)["customers"].warnings() == []
     assert legacy_warnings(storage, fresh) == []
     assert sequences(fresh)[("002.jsonl", 2)] == SEQ_SEPARATOR.join(["12".zfill(20), ""])
+    Pipeline(fresh, spark, storage).run()
+    assert _current_name(spark, storage, fresh) == "snapshot again"
+
+
+def test_a_configured_rule_with_postgres_s_earlier_fields_gets_no_warning(spark, storage, tmp_path):
+    """``sequence_by: [source.sequence, source.lsn]`` records the fields PostgreSQL's rule of
+    before 2026-11-28 had; the configured rule orders the events, so no run and no verify says
+    the lake keeps an earlier version's rule."""
+    from cdc_join.ingest import legacy_warnings
+
+    config = pipeline(tmp_path)
+    source = dataclasses.replace(config.sources["customers"], sequence_by=("source.sequence", "source.lsn"))
+    config = dataclasses.replace(config, sources={"customers": source})
+    land(config, "001.jsonl", _postgres("u", "first", ["9", "10"]) + "\n")
+    assert ingest_all(spark, storage, config)["customers"].warnings() == []
+    land(config, "002.jsonl", _postgres("u", "second", ["10", "11"]) + "\n")
+    assert ingest_all(spark, storage, config)["customers"].warnings() == []
+    assert legacy_warnings(storage, config) == []
