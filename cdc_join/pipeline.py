@@ -136,9 +136,12 @@ class Pipeline:
         resumed = not first_run and state.rebuilt_since(
             store, cfg.state_path(cfg.left), previous.state_versions[cfg.left], previous.run_id
         )
+        # A new left source or primary key: state rows and silver's rows are keyed otherwise.
+        restated = silver.restated(previous.silver, cfg)
         if (
             plan == REFRESH
             or resumed
+            or restated
             or (first_run and plan != "incremental" and cost.rebuild_first(store, cfg, versions))
         ):
             pinned, watermarks = state.rebuild_all(store, cfg, versions, run_id, report.step)
@@ -147,10 +150,10 @@ class Pipeline:
                 if plan == REFRESH
                 else "full refresh resumed (the last one stopped before it committed)"
                 if resumed
-                else f"first run of {cost.RECOMPUTE_MIN_ROWS}+ rows"
+                else restated or f"first run of {cost.RECOMPUTE_MIN_ROWS}+ rows"
             )
             report.steps["plan"] = {"decision": "recompute", "reason": f"{reason}: state rebuilt from bronze"}
-            self._recompute(pinned, report, begin)
+            self._recompute(pinned, report, begin, replace=restated)
             return Checkpoint(run_id, versions, pinned, watermarks, silver.definition(cfg))
         with report.step("plan") as counts:
             changes = {
@@ -253,10 +256,12 @@ class Pipeline:
         report: RunReport,
         begin: RunStart,
         left_changed: ChangeSet | None = None,
+        replace: str | None = None,
     ) -> None:
-        """The whole join from the pinned state, silver's differences MERGEd. Subscriptions are
-        rebuilt when the state was (``left_changed`` is ``None``), else they get the changed
-        left keys' instructions, as in an incremental run."""
+        """The whole join from the pinned state, silver's differences MERGEd (with ``replace``,
+        the reason, silver's rows replaced). Subscriptions are rebuilt when the state was
+        (``left_changed`` is ``None``), else they get the changed left keys' instructions, as in
+        an incremental run."""
         cfg, store, run_id = self.config, self.storage, report.run_id
         if left_changed is None:
             left_rows = state.read_current(
@@ -271,7 +276,7 @@ class Pipeline:
             rows = resolve.recompute(store, cfg, pinned, run_id)
             counts["affected_keys"] = "all"
         with report.step("silver") as counts:
-            counts.update(silver.write_all(store, cfg, rows, begin.silver_version))
+            counts.update(silver.write_all(store, cfg, rows, begin.silver_version, replace=replace))
         if left_changed is not None:
             changed = subscription.instructions_all(left_changed, cfg)
             subscription.write_all(store, cfg, changed, run_id, report.step)

@@ -93,13 +93,47 @@ def _columns(schema: StructType) -> StructType:
 
 
 def definition(config: PipelineConfig) -> dict[str, Any]:
-    """What defines silver's rows, as kept in the checkpoint."""
+    """What defines silver's rows, as kept in the checkpoint: the left source, the joins, the
+    select list, the output and the primary keys of the joined sources."""
     return {
         "left": config.left,
         "joins": [[j.right, j.alias, list(j.foreign_key), j.type.value] for j in config.joins],
         "select": [[name, expression] for name, expression in config.select],
         "output": config.output,
+        "keys": [[name, list(config.sources[name].primary_key)] for name in _joined(config)],
     }
+
+
+def _joined(config: PipelineConfig) -> list[str]:
+    return list(dict.fromkeys([config.left, *(j.right for j in config.joins)]))
+
+
+def _now(previous: Mapping[str, Any], config: PipelineConfig) -> dict[str, Any]:
+    """This config's definition, without what ``previous`` (an older version's) did not record."""
+    now = definition(config)
+    if "keys" not in previous:  # checkpoints written before 2026-11-28
+        del now["keys"]
+    return now
+
+
+def restated(previous: Mapping[str, Any] | None, config: PipelineConfig) -> str | None:
+    """Why every state table must be rebuilt from bronze and silver's rows replaced, or ``None``:
+    the left source is another one than in the last run, or a joined source's primary key
+    changed. State rows are kept per primary key and silver's rows per left key, so neither
+    can be carried over; a new left source's state may also be left over from an earlier
+    config, and out of date (e.g. ``left: a``, then ``b``, then ``a`` again)."""
+    if previous is None:
+        return None
+    if previous.get("left") != config.left:
+        return f"the left source changed since the last run ({previous.get('left')} → {config.left})"
+    now = _now(previous, config)
+    if "keys" not in now or previous["keys"] == now["keys"]:
+        return None
+    before = {name: key for name, key in previous["keys"]}
+    changed = [name for name, key in now["keys"] if name in before and before[name] != key]
+    if not changed:
+        return None
+    return f"the primary key of {', '.join(changed)} changed since the last run"
 
 
 def redefined(previous: Mapping[str, Any] | None, config: PipelineConfig) -> str | None:
@@ -107,7 +141,7 @@ def redefined(previous: Mapping[str, Any] | None, config: PipelineConfig) -> str
     ``None`` (also when the last run did not record one)."""
     if previous is None:
         return None
-    now = definition(config)
+    now = _now(previous, config)
     if previous == now:
         return None
     before, after = dict(map(tuple, previous.get("select", []))), dict(map(tuple, now["select"]))
@@ -119,7 +153,9 @@ def redefined(previous: Mapping[str, Any] | None, config: PipelineConfig) -> str
     ):
         if names:
             parts.append(f"{word} {', '.join(names)}")
-    parts += [f"{key} changed" for key in ("left", "joins", "output") if previous.get(key) != now[key]]
+    parts += [
+        f"{key} changed" for key in ("left", "joins", "output", "keys") if previous.get(key) != now.get(key)
+    ]
     return f"silver's definition changed since the last run ({'; '.join(parts) or 'select order'})"
 
 
@@ -128,17 +164,25 @@ def joins_redefined(previous: Mapping[str, Any] | None, config: PipelineConfig) 
     subscription tables then describe other joins and must be rebuilt, not appended to."""
     if previous is None:
         return False
-    now = definition(config)
-    return any(previous.get(key) != now[key] for key in ("left", "joins"))
+    now = _now(previous, config)
+    return any(previous.get(key) != now.get(key) for key in ("left", "joins", "keys"))
 
 
 def write_all(
-    storage: Storage, config: PipelineConfig, rows: DataFrame, expected_version: int | None
+    storage: Storage,
+    config: PipelineConfig,
+    rows: DataFrame,
+    expected_version: int | None,
+    replace: str | None = None,
 ) -> dict[str, Any]:
     """Make silver equal ``rows``, the *whole* join: MERGE only its differences, or, when a
-    column was dropped or changed type in a way silver cannot widen to, replace every row and
-    the schema in one overwrite commit. Returns the run report's counts."""
+    column was dropped or changed type in a way silver cannot widen to, or ``replace`` gives a
+    reason (silver's rows are keyed otherwise: a MERGE on the new key would match none of
+    them), replace every row and the schema in one overwrite commit. Returns the run report's
+    counts."""
     path = config.silver_path
+    if expected_version is not None and replace:
+        return _replace(storage, config, rows, expected_version, replace)
     if expected_version is not None and _reshaped(storage.schema(path), _columns(rows.schema)):
         return _replace(storage, config, rows, expected_version, "columns dropped or retyped")
     expected = prepare(storage, config, rows, expected_version)

@@ -13,7 +13,9 @@ from cdc_join.config import load_config
 from cdc_join.errors import ConfigError, ConfigErrors
 from cdc_join.events import EventWriter
 from cdc_join.pipeline import Pipeline
-from tests.support import make_pipeline, silver_rows
+from tests.support import LHS_RHS_TABLES, make_pipeline, silver_rows
+
+LHS = LHS_RHS_TABLES["lhs"]
 
 
 def _started(tmp_path, spark, storage):
@@ -218,3 +220,74 @@ def test_full_refresh_and_verify_repair_apply_a_changed_select(tmp_path, spark, 
     # Its change feed reads across the replaced schema: the first run's inserts are still there.
     feed = storage.read_changes(wider.config.silver_path, first).filter("_change_type = 'insert'")
     assert {r.key for r in feed.filter(f"_commit_version = {first}").collect()} == {"a", "b", "c"}
+
+
+def _left(name: str):
+    """A spec change: ``name`` becomes the left source (``lhs`` or ``lhs2``), the other goes."""
+
+    def change(spec):
+        other = "lhs2" if name == "lhs" else "lhs"
+        spec["sources"][name] = {**spec["sources"].pop(other), "landing": f"landing/{name}"}
+        spec["left"] = name
+        spec["select"] = {"key": f"{name}.id", "fk": f"{name}.fk", "v": f"{name}.v", "value": "rhs.value"}
+
+    return change
+
+
+def test_a_new_left_source_replaces_silver_s_rows_and_an_earlier_one_comes_back_current(
+    tmp_path, spark, storage
+):
+    # A left source other than the last run's, even one a still earlier config used: its state
+    # may be out of date and silver holds another source's rows, so the run rebuilds every
+    # state table from bronze and replaces silver's rows (an incremental run would MERGE the
+    # new source's changed keys into the old source's rows).
+    tables = {"lhs": LHS, "lhs2": LHS, "rhs": GROUPS["rhs"]}
+    pipeline, _ = make_pipeline(tmp_path, spark, storage, tables={"lhs": LHS, "rhs": GROUPS["rhs"]})
+    w = EventWriter(tmp_path / "landing", tables)
+    w.write("rhs", [w.upsert("rhs", {"id": i, "value": f"r{i}"}, i) for i in (1, 2)])
+    w.write("lhs", [w.upsert("lhs", {"id": k, "fk": 1, "v": n}, 10 + n) for n, k in enumerate("ab")])
+    pipeline.run()
+    w.write("lhs2", [w.upsert("lhs2", {"id": "x", "fk": 2, "v": 7}, 20)])
+
+    second = _with_spec(pipeline, _left("lhs2"))
+    report = second.run()
+    assert "the left source changed since the last run (lhs → lhs2)" in report.steps["plan"]["reason"]
+    assert report.steps["silver"]["replaced"]
+    assert silver_rows(second, ["key", "fk", "v", "value"]) == {("x", 2, 7, "r2")}
+    assert second.verify().ok
+
+    # lhs changes while it is not joined; its state still has the first config's rows.
+    w.write("lhs", [w.upsert("lhs", {"id": "a", "fk": 2, "v": 5}, 30), w.delete("lhs", {"id": "b"}, 31)])
+    third = _with_spec(second, _left("lhs"))
+    assert "(lhs2 → lhs)" in third.run().steps["plan"]["reason"]
+    assert silver_rows(third, ["key", "fk", "v", "value"]) == {("a", 2, 5, "r2")}
+    w.write("rhs", [w.upsert("rhs", {"id": 2, "value": "r2*"}, 40)])
+    assert third.run().steps["plan"]["decision"] == "incremental"
+    assert silver_rows(third, ["key", "fk", "v", "value"]) == {("a", 2, 5, "r2*")}
+    assert third.verify().ok
+
+
+def test_a_changed_left_primary_key_replaces_silver_s_rows(tmp_path, spark, storage):
+    # Silver's rows are keyed by the left key: a MERGE on (id, v) would match none of the rows
+    # written for (id), so each changed row would be there twice.
+    pipeline, w = _started(tmp_path, spark, storage)
+    rekeyed = _with_spec(pipeline, lambda spec: spec["sources"]["lhs"].update(primary_key=["id", "v"]))
+    w.write("lhs", [w.upsert("lhs", {"id": "a", "fk": 2, "v": 9}, 30)])
+    report = rekeyed.run()
+    assert "the primary key of lhs changed since the last run" in report.steps["plan"]["reason"]
+    assert silver_rows(rekeyed, ["key", "fk", "v", "value"]) == {
+        ("a", 1, 0, "r1"),  # (a, 0) and (a, 9) are two rows now
+        ("a", 2, 9, "r2"),
+        ("b", 2, 1, "r2"),
+        ("c", 1, 2, "r1"),
+    }
+    assert rekeyed.verify().ok
+    w.write("rhs", [w.upsert("rhs", {"id": 1, "value": "r1*"}, 40)])
+    assert rekeyed.run().steps["plan"]["decision"] == "incremental"
+    assert silver_rows(rekeyed, ["key", "v", "value"]) == {
+        ("a", 0, "r1*"),
+        ("a", 9, "r2"),
+        ("b", 1, "r2"),
+        ("c", 2, "r1*"),
+    }
+    assert rekeyed.verify().ok

@@ -119,3 +119,21 @@ def test_full_refresh_of_unchanged_sources_writes_no_silver_rows(tmp_path, spark
     report = pipeline.full_refresh()
     assert report.steps["silver"]["inserted"] == report.steps["silver"]["updated"] == 0
     assert storage.version(pipeline.config.silver_path) == version
+
+
+def test_a_checkpoint_without_keys_is_no_redefinition_and_one_with_keys_is_compared(tmp_path, spark, storage):
+    # Checkpoints written before the definition recorded primary keys: the upgrade alone
+    # recomputes nothing; from the next checkpoint on a key change is a restatement.
+    pipeline, _ = make_pipeline(tmp_path, spark, storage)
+    cfg = pipeline.config
+    now = silver.definition(cfg)
+    assert now["keys"] == [["lhs", ["id"]], ["rhs", ["id"]]]
+    older = {k: v for k, v in now.items() if k != "keys"}
+    assert silver.redefined(older, cfg) is None and silver.restated(older, cfg) is None
+    assert not silver.joins_redefined(older, cfg)
+    rekeyed = {**now, "keys": [["lhs", ["id", "v"]], ["rhs", ["id"]]]}
+    assert silver.restated(rekeyed, cfg) == "the primary key of lhs changed since the last run"
+    assert silver.redefined(rekeyed, cfg) == "silver's definition changed since the last run (keys changed)"
+    moved = {**now, "left": "other"}
+    assert silver.restated(moved, cfg) == "the left source changed since the last run (other → lhs)"
+    assert silver.restated(now, cfg) is None and silver.restated(None, cfg) is None
