@@ -60,6 +60,9 @@ from cdc_join.debezium.sql import (
 )
 from cdc_join.schemas import widens_to
 
+#: How Kafka's JsonConverter spells the doubles JSON has no number for.
+NON_FINITE = ("NaN", "Infinity", "-Infinity")
+
 
 @dataclass(frozen=True)
 class SchemaGroup:
@@ -246,7 +249,11 @@ def decode_json_sql(x: str, target: DataType, names: Names) -> str:
     if isinstance(target, DecimalType):
         return _exact_decimal_sql(x, target)
     if isinstance(target, (FloatType, DoubleType)):
-        return f"CASE WHEN {is_number_kind(json_kind)} THEN {read} END"
+        # Kafka's JsonConverter (Jackson) writes NaN and the infinities as strings.
+        text = as_type(x, "string")
+        special = f"{json_kind} = 'STRING' AND {text} IN ({', '.join(map(lit, NON_FINITE))})"
+        number = is_number_kind(json_kind)
+        return f"CASE WHEN {number} THEN {read} WHEN {special} THEN CAST({text} AS {ddl(target)}) END"
     if isinstance(target, BooleanType):
         return f"CASE WHEN {json_kind} = 'BOOLEAN' THEN {read} END"
     if isinstance(target, DateType):  # Debezium writes a date as days since 1970 (io.debezium.time.Date)

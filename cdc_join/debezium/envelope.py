@@ -38,7 +38,7 @@ from cdc_join.debezium.sequence import (
     sequence_rule,
     with_sequence,
 )
-from cdc_join.debezium.sql import absent, get, ident, lit, present, steps
+from cdc_join.debezium.sql import absent, get, ident, is_object, json_text, lit, present, steps
 
 OPS = ("c", "u", "d", "r", "t")
 UPSERT_OPS = ("c", "u", "r")
@@ -266,8 +266,13 @@ def _batch_stats(staged: DataFrame, sequence_fields: Iterable[str] | None) -> _S
     aggregates = [
         "any_value(__schema) AS schema",
         "min(struct(_file, _line)) AS first",
-        f"schema_of_variant_agg(CASE WHEN {schemaless} THEN {values['after']} END) AS after",
-        f"schema_of_variant_agg(CASE WHEN {schemaless} THEN {values['before']} END) AS before",
+        # Objects only: one image of another JSON type (quarantined, see _image_reason) would
+        # merge every column into VARIANT, and the batch's row type would have none.
+        *[
+            f"schema_of_variant_agg(CASE WHEN {schemaless} AND {is_object(values[image])} "
+            f"THEN {values[image]} END) AS {image}"
+            for image in ("after", "before")
+        ],
         f"min_by(CASE WHEN {schemaless} THEN value END, struct(_file, _line)) AS first_line",
         "count(1) AS events",
         *[f"count_if(NOT {absent(v)}) AS {ident('present:' + f)}" for f, v in values.items()],
@@ -321,7 +326,10 @@ def _schema_connectors(groups: Iterable[SchemaGroup]) -> frozenset[str]:
 
 def _classify(sequenced: DataFrame, primary_key: Sequence[str], row: StructType) -> DataFrame:
     """One narrow row per line with its outcome: what the three output frames are cut from."""
-    reason = f"coalesce(__base_reason, __decode_reason, {_key_reason(primary_key, row)}, __seq_reason)"
+    reason = (
+        f"coalesce(__base_reason, {_image_reason()}, __decode_reason, "
+        f"{_key_reason(primary_key, row)}, __seq_reason)"
+    )
     ts_ms = (
         "coalesce(try_variant_get(__p, '$.ts_ms', 'bigint'), "
         "try_variant_get(__p, '$.source.ts_ms', 'bigint'))"
@@ -343,6 +351,20 @@ def _classify(sequenced: DataFrame, primary_key: Sequence[str], row: StructType)
         "CASE WHEN __reason IS NOT NULL THEN 'quarantine' WHEN __tombstone THEN 'tombstone' ELSE 'event' END"
     )
     return outcome.selectExpr("*", f"{kind} AS __kind")
+
+
+def _image_reason() -> str:
+    """An image that is there but neither an object nor ``null`` (no row to decode). Tested
+    only where the decoded image is NULL: objects decode to a row."""
+    checks = []
+    for image in ("after", "before"):
+        value = get("__p", steps(image))
+        message = lit(f"'{image}' is neither an object nor null: ")
+        checks.append(
+            f"CASE WHEN __{image} IS NULL AND NOT {is_object('__p', steps(image))} AND NOT {absent(value)} "
+            f"THEN concat({message}, {json_text(value)}) END"
+        )
+    return f"coalesce({', '.join(checks)})"
 
 
 def _key_reason(primary_key: Sequence[str], row: StructType) -> str:

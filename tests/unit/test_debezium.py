@@ -642,6 +642,58 @@ def test_a_payload_only_integer_in_a_date_column_is_days_since_1970(spark):
     assert outcome.quarantine == {("second.jsonl", 3): "column day: expected date, got 1000000000000"}
 
 
+def test_payload_only_doubles_take_the_json_converter_s_non_finite_strings(spark):
+    # Kafka's JsonConverter (Jackson) writes NaN and the infinities as strings; the enveloped
+    # path reads them through the Connect schema, the payload-only one by these spellings only.
+    fields = [{"field": "score", "type": "double"}, {"field": "ratio", "type": "float"}]
+    first = connect_line(fields, {"id": 1, "score": "NaN", "ratio": "-Infinity"})
+    known = parse(text_lines(spark, [first]), source("id"))
+    pg = {"connector": "postgresql"}
+    texts = [
+        event("c", {"id": 2, "score": "NaN", "ratio": 1.5}, source={**pg, "lsn": 2}),
+        event("c", {"id": 3, "score": "Infinity", "ratio": "NaN"}, source={**pg, "lsn": 3}),
+        event("c", {"id": 4, "score": "-Infinity", "ratio": None}, source={**pg, "lsn": 4}),
+        event("c", {"id": 5, "score": "nan"}, source={**pg, "lsn": 5}),
+        event("c", {"id": 6, "score": "1.5"}, source={**pg, "lsn": 6}),
+    ]
+    outcome = parse(text_lines(spark, texts, "second.jsonl"), source("id"), known.batch.row_schema)
+    values = {line: (e._after.score, e._after.ratio) for (_, line), e in outcome.events.items()}
+    assert str(known.events[("batch.jsonl", 1)]._after) == "Row(id=1, score=nan, ratio=-inf)"
+    assert str(values) == "{1: (nan, 1.5), 2: (inf, nan), 3: (-inf, None)}"
+    assert outcome.quarantine == {
+        ("second.jsonl", 4): 'column score: expected double, got "nan"',
+        ("second.jsonl", 5): 'column score: expected double, got "1.5"',
+    }
+
+
+def test_an_image_that_is_neither_an_object_nor_null_is_quarantined_alone(spark):
+    # One such event must not spoil the batch's inferred row type (it would merge every column
+    # into VARIANT), in a first batch or one that adds a column to a known row type.
+    pg = {"connector": "postgresql"}
+    texts = [
+        event("c", {"id": 1, "name": "a"}, source={**pg, "lsn": 1}),
+        event("c", "oops", source={**pg, "lsn": 2}),
+        event("u", {"id": 3, "name": "c"}, before=[1, 2], source={**pg, "lsn": 3}),
+        event("d", None, before=7, source={**pg, "lsn": 4}),
+        event("c", {"id": 5, "name": None}, source={**pg, "lsn": 5}),
+    ]
+    first = parse(text_lines(spark, texts), source("id"))
+    assert first.batch.row_schema.simpleString() == "struct<id:bigint,name:string>"
+    assert {line: tuple(e._after) for (_, line), e in first.events.items()} == {1: (1, "a"), 5: (5, None)}
+    assert first.quarantine == {
+        ("batch.jsonl", 2): "'after' is neither an object nor null: \"oops\"",
+        ("batch.jsonl", 3): "'before' is neither an object nor null: [1,2]",
+        ("batch.jsonl", 4): "'before' is neither an object nor null: 7",
+    }
+    more = [
+        event("c", {"id": 6, "name": "f", "note": "new"}, source={**pg, "lsn": 6}),
+        event("c", True, source={**pg, "lsn": 7}),
+    ]
+    second = parse(text_lines(spark, more, "second.jsonl"), source("id"), first.batch.row_schema)
+    assert [tuple(e._after) for e in second.events.values()] == [(6, "f", "new")]
+    assert second.quarantine == {("second.jsonl", 2): "'after' is neither an object nor null: true"}
+
+
 # -- sequence encoding ------------------------------------------------------------------------
 
 
