@@ -287,11 +287,15 @@ def _append_rows(
     columns[LHS_HASH] = hashes
     columns[SUBSCRIBED] = subscribed
     columns[RUN_ID] = pa.array([run_id] * n, pa.int64())
-    columns[WRITTEN] = pa.array([storage.version(path) + 1] * n, pa.int64())
+    # The commit must be the version its rows name: readers order a key's rows by it, so
+    # another writer's commit in between (``cdc-join optimize``'s compaction) fails this one.
+    version = storage.version(path)
+    columns[WRITTEN] = pa.array([version + 1] * n, pa.int64())
     table = pa.table({f.name: columns[f.name] for f in schema.fields}).sort_by(
         [(c, "ascending") for c in keys.column_names]
     )
-    storage.append(path, from_arrow(storage.spark, schema, table.cast(arrow_schema(schema))))
+    rows = from_arrow(storage.spark, schema, table.cast(arrow_schema(schema)))
+    storage.append(path, rows, expected_version=version)
 
 
 def current(

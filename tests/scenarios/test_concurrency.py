@@ -97,3 +97,40 @@ def test_racing_runs_never_corrupt_silver_and_never_both_commit_the_same_run(
     print(f"{ROUNDS} rounds: {outcomes.count('committed')} commits, {outcomes.count('lost')} lost races")
     if both_lost:  # shown in pytest's warnings summary, so a CI log keeps the reasons
         warnings.warn("a run and a full refresh both stopped: " + " | ".join(both_lost), stacklevel=1)
+
+
+def test_a_compaction_between_a_run_s_subscription_version_and_its_append_stops_the_run(
+    tmp_path, spark, storage, monkeypatch
+):
+    # `cdc-join optimize` takes no lock: its compaction of a subscription table may commit
+    # after a run read the table's version and before it appended. The run's rows would name
+    # the compaction's version, and tie with its rows; the run must stop instead, and its
+    # rerun complete the change.
+    from cdc_join import subscription
+
+    pipeline, w = make_pipeline(tmp_path, spark, storage)
+    cfg = pipeline.config
+    path = cfg.subscription_path(cfg.joins[0])
+    w.write("rhs", [w.upsert("rhs", {"id": 1, "value": "r1"}, 1)])
+    w.write("lhs", [w.upsert("lhs", {"id": "a", "fk": 1, "v": 1}, 2)])
+    pipeline.run()
+    w.write("lhs", [w.upsert("lhs", {"id": "a", "fk": 1, "v": 2}, 3)])  # the same fk, a new hash
+    append = storage.append
+
+    def compacted_first(target, rows, **kwargs):
+        if target == path:
+            monkeypatch.setattr(storage, "append", append)
+            subscription.compact(storage, path, cfg.joins[0], cfg.left_source, 1)
+        return append(target, rows, **kwargs)
+
+    monkeypatch.setattr(storage, "append", compacted_first)
+    try:
+        pipeline.run()
+        raise AssertionError("the run committed its subscriptions on top of the compaction")
+    except ConcurrentRunError as stopped:
+        assert "another writer committed to it first" in str(stopped)
+    pipeline.run()
+    w.write("rhs", [w.upsert("rhs", {"id": 1, "value": "r1*"}, 4)])
+    pipeline.run()
+    assert silver_rows(pipeline) == {("a", 1, 2, "r1*")}
+    assert pipeline.verify().ok
