@@ -129,6 +129,7 @@ class Pipeline:
             return dataclasses.replace(previous, run_id=run_id)
         versions = ready.bronze_versions
         resolve.select_schema(store, cfg)  # a bad select fails here, before any state or silver write
+        types = silver.source_types(store, cfg)
         first_run = cfg.left not in previous.state_versions
         # A full refresh stopped after it rebuilt the left state re-hashed every left row (with
         # bronze's current column types): the subscriptions it did not get to rebuild would
@@ -154,7 +155,7 @@ class Pipeline:
             )
             report.steps["plan"] = {"decision": "recompute", "reason": f"{reason}: state rebuilt from bronze"}
             self._recompute(pinned, report, begin, replace=restated)
-            return Checkpoint(run_id, versions, pinned, watermarks, silver.definition(cfg))
+            return Checkpoint(run_id, versions, pinned, watermarks, silver.definition(cfg, types))
         with report.step("plan") as counts:
             changes = {
                 name: state.plan(
@@ -168,7 +169,7 @@ class Pipeline:
                 for name in cfg.sources
             }
             decision = cost.decide(store, cfg, {n: c.keys.rows for n, c in changes.items()}, plan, first_run)
-            redefined = silver.redefined(previous.silver, cfg)
+            redefined = silver.redefined(previous.silver, cfg, types)
             if redefined and not first_run:
                 decision = dataclasses.replace(decision, recompute=True, reason=f"{redefined}: every row")
             counts.update(decision.as_report())
@@ -190,7 +191,7 @@ class Pipeline:
         else:
             self._incremental(applied[cfg.left].changes, left_current, subscribers, pinned, report, begin)
         watermarks = {n: a.watermark for n, a in applied.items() if a.watermark}
-        return Checkpoint(run_id, versions, pinned, watermarks, silver.definition(cfg))
+        return Checkpoint(run_id, versions, pinned, watermarks, silver.definition(cfg, types))
 
     def _incremental(
         self,

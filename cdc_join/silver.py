@@ -9,11 +9,12 @@ crash does. Change Data Feed is on, so downstream jobs can read silver increment
 A run MERGEs with the silver version it saw at its start as the expected version: if another
 run wrote silver in between, the MERGE fails instead of overwriting newer rows with older ones.
 
-What defines silver's rows (the left source, the joins, ``select`` and ``output``) is kept in
-each run's checkpoint (:func:`definition`). When it changes between runs, the next run
-recomputes every row (:func:`redefined` gives the reason): added columns are added and filled;
-a dropped or retyped column makes that recompute replace silver's rows and schema in one
-commit. Either way silver stays the same Delta table, with its history and change feed.
+What defines silver's rows (the left source, the joins, ``select``, ``output``, the joined
+sources' keys and row types) is kept in each run's checkpoint (:func:`definition`). When it
+changes between runs, the next run recomputes every row (:func:`redefined` gives the reason):
+added columns are added and filled; a dropped or retyped column makes that recompute replace
+silver's rows and schema in one commit. Either way silver stays the same Delta table, with its
+history and change feed.
 """
 
 from __future__ import annotations
@@ -92,27 +93,50 @@ def _columns(schema: StructType) -> StructType:
     return StructType([StructField(f.name, f.dataType, f.name != RUN_ID, f.metadata) for f in kept])
 
 
-def definition(config: PipelineConfig) -> dict[str, Any]:
+def definition(config: PipelineConfig, types: Sequence[Sequence[str]] | None = None) -> dict[str, Any]:
     """What defines silver's rows, as kept in the checkpoint: the left source, the joins, the
-    select list, the output and the primary keys of the joined sources."""
-    return {
+    select list, the output, the primary keys of the joined sources and, given, their row
+    types (:func:`source_types`)."""
+    found = {
         "left": config.left,
         "joins": [[j.right, j.alias, list(j.foreign_key), j.type.value] for j in config.joins],
         "select": [[name, expression] for name, expression in config.select],
         "output": config.output,
         "keys": [[name, list(config.sources[name].primary_key)] for name in _joined(config)],
     }
+    if types is not None:
+        found["types"] = [list(t) for t in types]
+    return found
+
+
+def source_types(storage: Storage, config: PipelineConfig) -> list[list[str]]:
+    """Each joined source's row type in bronze, as text.
+
+    A ``select`` value may depend on a column's type, not only its value (``concat`` of a
+    decimal whose scale grew, ``to_json`` of a row that gained a column, a float widened to
+    double): when a type changes, the rows that did not change would keep values the new types
+    no longer give, so the definition records the types and a change recomputes every row.
+    """
+    return [
+        [name, storage.schema(config.bronze_path(name))["_after"].dataType.simpleString()]
+        for name in _joined(config)
+    ]
 
 
 def _joined(config: PipelineConfig) -> list[str]:
     return list(dict.fromkeys([config.left, *(j.right for j in config.joins)]))
 
 
-def _now(previous: Mapping[str, Any], config: PipelineConfig) -> dict[str, Any]:
+def _now(
+    previous: Mapping[str, Any], config: PipelineConfig, types: Sequence[Sequence[str]] | None = None
+) -> dict[str, Any]:
     """This config's definition, without what ``previous`` (an older version's) did not record."""
-    now = definition(config)
-    if "keys" not in previous:  # checkpoints written before 2026-11-28
-        del now["keys"]
+    now = definition(config, types)
+    for recorded in ("keys", "types"):  # not in checkpoints written before 2026-11-28
+        if recorded not in previous:
+            now.pop(recorded, None)
+    if "types" in previous and "types" not in now:
+        now["types"] = previous["types"]  # not asked about types
     return now
 
 
@@ -136,12 +160,16 @@ def restated(previous: Mapping[str, Any] | None, config: PipelineConfig) -> str 
     return f"the primary key of {', '.join(changed)} changed since the last run"
 
 
-def redefined(previous: Mapping[str, Any] | None, config: PipelineConfig) -> str | None:
-    """Why silver must be recomputed because its definition changed since the last run, or
-    ``None`` (also when the last run did not record one)."""
+def redefined(
+    previous: Mapping[str, Any] | None,
+    config: PipelineConfig,
+    types: Sequence[Sequence[str]] | None = None,
+) -> str | None:
+    """Why silver must be recomputed because its definition (with ``types``, the sources' row
+    types) changed since the last run, or ``None`` (also when the last run did not record one)."""
     if previous is None:
         return None
-    now = _now(previous, config)
+    now = _now(previous, config, types)
     if previous == now:
         return None
     before, after = dict(map(tuple, previous.get("select", []))), dict(map(tuple, now["select"]))
@@ -156,6 +184,10 @@ def redefined(previous: Mapping[str, Any] | None, config: PipelineConfig) -> str
     parts += [
         f"{key} changed" for key in ("left", "joins", "output", "keys") if previous.get(key) != now.get(key)
     ]
+    if previous.get("types") != now.get("types"):
+        before_types = {name: text for name, text in previous.get("types", [])}
+        retyped = [name for name, text in now.get("types", []) if before_types.get(name, text) != text]
+        parts.append(f"column types of {', '.join(retyped) or 'a source'} changed")
     return f"silver's definition changed since the last run ({'; '.join(parts) or 'select order'})"
 
 

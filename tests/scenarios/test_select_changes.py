@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
 
 import pytest
@@ -291,3 +293,49 @@ def test_a_changed_left_primary_key_replaces_silver_s_rows(tmp_path, spark, stor
         ("c", 2, "r1*"),
     }
     assert rekeyed.verify().ok
+
+
+def _decimal_event(key: str, fk: int, unscaled: int, scale: int, precision: int, lsn: int) -> str:
+    """An enveloped event of ``lhs`` whose ``amount`` is a Connect Decimal(precision, scale)."""
+    amount = {
+        "field": "amount",
+        "type": "bytes",
+        "optional": True,
+        "name": "org.apache.kafka.connect.data.Decimal",
+        "parameters": {"scale": str(scale), "connect.decimal.precision": str(precision)},
+    }
+    row = {
+        "type": "struct",
+        "optional": True,
+        "fields": [{"field": "id", "type": "string"}, {"field": "fk", "type": "int64"}, amount],
+    }
+    schema = {
+        "type": "struct",
+        "fields": [{**row, "field": "before"}, {**row, "field": "after"}, {"type": "string", "field": "op"}],
+    }
+    size = max(1, (unscaled.bit_length() + 8) // 8)
+    value = base64.b64encode(unscaled.to_bytes(size, "big", signed=True)).decode()
+    after = {"id": key, "fk": fk, "amount": value}
+    payload = {"op": "c", "before": None, "after": after, "source": {"connector": "postgresql", "lsn": lsn}}
+    return json.dumps({"schema": schema, "payload": payload})
+
+
+def test_a_source_column_whose_type_changes_recomputes_every_row(tmp_path, spark, storage):
+    # A value of `select` may depend on a type, not only on a value: the text of a decimal
+    # whose scale grew. The rows that did not change must get the new text too.
+    tables = {"lhs": {"id": "string", "fk": "int64", "amount": "string"}, "rhs": GROUPS["rhs"]}
+    select = {"key": "lhs.id", "label": "concat(lhs.id, ':', lhs.amount)", "value": "rhs.value"}
+    pipeline, w = make_pipeline(tmp_path, spark, storage, tables=tables, select=select)
+    w.write("rhs", [w.upsert("rhs", {"id": 1, "value": "r1"}, 1)])
+    w.write("lhs", [_decimal_event("a", 1, 150, 2, 10, 2), _decimal_event("b", 1, 225, 2, 10, 3)])
+    pipeline.run()
+    assert silver_rows(pipeline, ["key", "label"]) == {("a", "a:1.50"), ("b", "b:2.25")}
+    w.write("lhs", [_decimal_event("c", 1, 31234, 4, 12, 4)])  # the column is decimal(12,4) now
+    report = pipeline.run()
+    assert "column types of lhs changed" in report.steps["plan"]["reason"]
+    labels = {("a", "a:1.5000"), ("b", "b:2.2500"), ("c", "c:3.1234")}
+    assert silver_rows(pipeline, ["key", "label"]) == labels
+    assert pipeline.verify().ok
+    w.write("rhs", [w.upsert("rhs", {"id": 1, "value": "r1*"}, 5)])
+    assert pipeline.run().steps["plan"]["decision"] == "incremental"  # recorded: no recompute again
+    assert pipeline.verify().ok
