@@ -96,6 +96,12 @@ def decode_connect_sql(x: str, field: Mapping[str, Any], target: DataType, names
         value = _connect_scalar_sql(x, field, natural)
     if natural == target:
         return value
+    if isinstance(target, StringType) and (
+        field.get("name") == T.ZONED_TIMESTAMP or isinstance(natural, BinaryType)
+    ):
+        # A text column (payload-only events typed it): the JSON text those events stored, the
+        # zoned timestamp with its offset and bytes in base64, not Spark's CAST text of them.
+        return _text_sql(x)
     if isinstance(target, StringType) or widens_to(natural, target):
         return f"try_cast({value} AS {ddl(target)})"
     # The schema's type changed in a way that cannot widen: nothing decodes, so the line is

@@ -215,6 +215,28 @@ def test_a_column_that_widens_evolves_bronze_state_and_silver(tmp_path, spark, s
     assert pipeline.verify().ok
 
 
+def test_a_left_key_that_widens_keeps_silver_subscriptions_and_later_runs_right(tmp_path, spark, storage):
+    # The left key's column widens (INT to BIGINT): state, subscriptions and silver hold the
+    # old type until written; the runs after it must match keys across both.
+    tables = {"lhs": {"id": "int32", "fk": "int64", "v": "int32"}, "rhs": {"id": "int64", "value": "string"}}
+    select = {"key": "lhs.id", "fk": "lhs.fk", "v": "lhs.v", "value": "rhs.value"}
+    pipeline, w = make_pipeline(tmp_path, spark, storage, tables=tables, select=select, join_type="left")
+    w.write("rhs", [w.upsert("rhs", {"id": i, "value": f"r{i}"}, i) for i in (1, 2)])
+    w.write("lhs", [w.upsert("lhs", {"id": k, "fk": 1, "v": k}, 10 + k) for k in (1, 2, 3, 4)])
+    pipeline.run()
+    w.tables["lhs"]["id"] = "int64"
+    w.write("lhs", [w.upsert("lhs", {"id": 5_000_000_000, "fk": 2, "v": 5}, 20)])
+    w.write("lhs", [w.upsert("lhs", {"id": 2, "fk": 2, "v": 22}, 21), w.delete("lhs", {"id": 3}, 22)])
+    assert pipeline.run().quarantined() == {}
+    assert pipeline.verify().ok
+    w.write("rhs", [w.upsert("rhs", {"id": i, "value": f"r{i}*"}, 30 + i) for i in (1, 2)])
+    w.write("lhs", [w.upsert("lhs", {"id": 1, "fk": 2, "v": 11}, 33)])
+    pipeline.run()  # key 4, subscribed while the key was INT, gets its right row's change
+    expected = {(1, 2, 11, "r2*"), (2, 2, 22, "r2*"), (4, 1, 4, "r1*"), (5_000_000_000, 2, 5, "r2*")}
+    assert silver_rows(pipeline) == expected
+    assert pipeline.verify().ok
+
+
 def test_a_type_change_that_cannot_widen_is_quarantined_and_the_run_exits_3(tmp_path, spark, storage, capsys):
     pipeline, w = make_pipeline(tmp_path, spark, storage, join_type="left")
     config = str(pipeline.config.config_path)

@@ -694,6 +694,26 @@ def test_an_image_that_is_neither_an_object_nor_null_is_quarantined_alone(spark)
     assert second.quarantine == {("second.jsonl", 2): "'after' is neither an object nor null: true"}
 
 
+def test_an_enveloped_zoned_timestamp_or_bytes_in_a_text_column_keeps_its_json_text(spark):
+    # Payload-only events typed the columns as text (their JSON strings); enveloped events
+    # later must store the same text, not Spark's CAST of the decoded value (a timestamp in the
+    # session's time zone without its offset, bytes read as UTF-8).
+    pg = {"connector": "postgresql"}
+    row = {"id": 1, "zoned": "2023-03-23T22:00:10.123456Z", "blob": "AeI="}
+    first = event("c", row, source={**pg, "lsn": 1})
+    known = parse(text_lines(spark, [first]), source("id"))
+    assert known.batch.row_schema.simpleString() == "struct<id:bigint,zoned:string,blob:string>"
+    fields = [
+        {"field": "zoned", "type": "string", "name": "io.debezium.time.ZonedTimestamp"},
+        {"field": "blob", "type": "bytes"},
+    ]
+    line = connect_line(fields, {"id": 2, "zoned": "2023-03-23T23:00:10.5+01:00", "blob": "AQID"}, lsn=2)
+    outcome = parse(text_lines(spark, [line], "second.jsonl"), source("id"), known.batch.row_schema)
+    assert outcome.quarantine == {}
+    after = outcome.events[("second.jsonl", 1)]._after
+    assert (after.zoned, after.blob) == ("2023-03-23T23:00:10.5+01:00", "AQID")
+
+
 # -- sequence encoding ------------------------------------------------------------------------
 
 
