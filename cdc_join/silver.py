@@ -187,7 +187,8 @@ def redefined(
     if previous.get("types") != now.get("types"):
         before_types = {name: text for name, text in previous.get("types", [])}
         retyped = [name for name, text in now.get("types", []) if before_types.get(name, text) != text]
-        parts.append(f"column types of {', '.join(retyped) or 'a source'} changed")
+        if retyped:  # (a source joined or no longer joined is told as a change of the joins)
+            parts.append(f"column types of {', '.join(retyped)} changed")
     return f"silver's definition changed since the last run ({'; '.join(parts) or 'select order'})"
 
 
