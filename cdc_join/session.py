@@ -10,6 +10,9 @@ from collections.abc import Iterator
 
 from pyspark.sql import SparkSession
 
+from cdc_join.errors import StorageError
+from cdc_join.storage import delta_jars
+
 LOCAL_DEFAULTS = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
@@ -45,7 +48,11 @@ _STARTUP_ONLY = frozenset(
 
 
 def get_spark(
-    app_name: str = "cdc_join", extra_conf: dict[str, str] | None = None, *, quiet: bool = False
+    app_name: str = "cdc_join",
+    extra_conf: dict[str, str] | None = None,
+    *,
+    quiet: bool = False,
+    storage: str | None = None,
 ) -> SparkSession:
     """Return the active SparkSession, or start one with small-machine defaults.
 
@@ -54,10 +61,14 @@ def get_spark(
     ``local[2]`` starts a local Connect server (the ``pyspark[connect]`` extra), and
     ``sc://host:port`` reaches a running one (Databricks serverless runs PySpark this way).
     Otherwise the master comes from ``CDC_JOIN_SPARK_MASTER`` (default ``local[2]``). Where
-    the Delta jars are on the classpath, ``CDC_JOIN_STORAGE=delta-spark`` also configures the
-    Delta SQL extension and catalog. With ``quiet`` a JVM started here writes its own output
+    ``storage`` (default ``CDC_JOIN_STORAGE``) ``delta-spark`` gives a session started here the
+    Delta jars (fetched once into Spark's Ivy cache, see :mod:`cdc_join.storage.delta_jars`) and
+    Delta's SQL extension and catalog. With ``quiet`` a JVM started here writes its own output
     (log4j start-up lines, JDK warnings) to :data:`JVM_LOG` instead of the terminal; errors
     still reach Python as exceptions.
+
+    Raises:
+        StorageError: the Delta jars could not be had (the message names ``--storage delta-rs``).
     """
     active = SparkSession.getActiveSession()
     if active is not None:
@@ -72,17 +83,25 @@ def get_spark(
         builder = SparkSession.builder.appName(app_name).master(
             os.environ.get("CDC_JOIN_SPARK_MASTER", "local[2]")
         )
+    conf: dict[str, str] = {}
     if not remote or not remote.startswith("sc://"):  # a server started here takes the defaults
-        for key, value in {**LOCAL_DEFAULTS, **(extra_conf or {})}.items():
-            if remote and key in _STARTUP_ONLY:  # a Connect client cannot set these on its session
-                continue
-            builder = builder.config(key, value)
-    if os.environ.get("CDC_JOIN_STORAGE") == "delta-spark":
-        builder = builder.config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension").config(
-            "spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog"
-        )
-    with _jvm_output_to(JVM_LOG) if quiet else contextlib.nullcontext():
-        spark = builder.getOrCreate()
+        conf = {**LOCAL_DEFAULTS, **(extra_conf or {})}
+        if remote:  # a Connect client cannot set these on its session
+            conf = {k: v for k, v in conf.items() if k not in _STARTUP_ONLY}
+        wanted = storage if storage is not None else os.environ.get("CDC_JOIN_STORAGE", "")
+        if (wanted or "").strip().lower() == "delta-spark":
+            conf.update(delta_jars.session_conf(conf))
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    try:
+        with _jvm_output_to(JVM_LOG) if quiet else contextlib.nullcontext():
+            spark = builder.getOrCreate()
+    except Exception as exc:
+        if "spark.jars.packages" not in conf or "JAVA_GATEWAY_EXITED" not in str(exc):
+            raise
+        raise StorageError(
+            delta_jars.failure_hint(conf["spark.jars.packages"], JVM_LOG if quiet else None)
+        ) from exc
     if quiet:
         quiet_query_context_logs()
     if not remote:
@@ -115,13 +134,20 @@ JVM_LOG = os.path.join(
 
 @contextlib.contextmanager
 def _jvm_output_to(path: str) -> Iterator[None]:
-    """Point file descriptor 2 at ``path`` while the JVM starts: it inherits that, Python gets
-    its own stderr back."""
-    saved = os.dup(2)
+    """Point file descriptors 1 and 2 at ``path`` while the JVM starts: it inherits them, Python
+    gets its own back."""
+    import sys
+
+    sys.stdout.flush()
+    saved = [os.dup(1), os.dup(2)]
     try:
         with open(path, "ab") as log:
+            # Standard output too: Ivy prints its resolution report there.
+            os.dup2(log.fileno(), 1)
             os.dup2(log.fileno(), 2)
             yield
     finally:
-        os.dup2(saved, 2)
-        os.close(saved)
+        sys.stdout.flush()
+        for fd, copy in zip((1, 2), saved, strict=True):
+            os.dup2(copy, fd)
+            os.close(copy)

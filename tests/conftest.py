@@ -10,8 +10,27 @@ import pytest
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
+BACKENDS = ("delta-rs", "delta-spark")
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--storage",
+        choices=BACKENDS,
+        default=os.environ.get("CDC_JOIN_TEST_STORAGE") or "delta-rs",
+        help="the storage backend of the scenario, property, crash and race tests "
+        "(default: $CDC_JOIN_TEST_STORAGE, else delta-rs); the contract tests run both",
+    )
+
+
 @pytest.fixture(scope="session")
-def spark():
+def backend(request) -> str:
+    """The storage backend the suites run on (``--storage``)."""
+    return request.config.getoption("--storage")
+
+
+@pytest.fixture(scope="session")
+def spark(backend):
     from cdc_join.session import get_spark
 
     # Test data is tiny: compiling generated code for every new plan costs more than it saves
@@ -28,16 +47,19 @@ def spark():
     }
     extra = os.environ.get("CDC_JOIN_TEST_SPARK_CONF", "")
     conf.update(item.split("=", 1) for item in extra.split(",") if "=" in item)
-    session = get_spark("cdc_join-tests", conf)
+    # The session always has the Delta jars: the contract tests run on both backends. Code that
+    # picks a backend itself (the CLI in-process, `auto`) is told which one the suites run on.
+    os.environ["CDC_JOIN_STORAGE"] = backend
+    session = get_spark("cdc_join-tests", conf, storage="delta-spark")
     yield session
 
 
 @pytest.fixture(scope="session")
-def storage(spark):
-    """The embedded default backend (delta-rs)."""
+def storage(spark, backend):
+    """The backend the suites run on (``--storage``, default delta-rs)."""
     from cdc_join.storage import get_storage
 
-    return get_storage(spark, os.environ.get("CDC_JOIN_TEST_STORAGE", "delta-rs"))
+    return get_storage(spark, backend)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -79,7 +79,7 @@ import threading
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import date, datetime, timezone
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal, localcontext
 from functools import reduce
@@ -109,7 +109,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from cdc_join.changeset import Rows, frame_of, to_arrow
+from cdc_join.changeset import ChangeSet, Rows, frame_of, to_arrow
 from cdc_join.errors import ConcurrentRunError, StorageError
 from cdc_join.schemas import changed_types, conform, merge_schemas
 from cdc_join.storage.base import FileStats, MergeSpec, WriteMetrics, is_table_name, quote_table_name
@@ -133,6 +133,7 @@ _CHECKPOINT_FILE = re.compile(
 _URI_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 _GLOB_SPECIAL = re.compile(r"([\\*?\[\]{}])")
 _DELETION_VECTORS = "delta.enableDeletionVectors"
+_TYPE_WIDENING = "delta.enableTypeWidening"
 _CHANGE_DATA_FEED = "delta.enableChangeDataFeed"
 # Databricks table properties open-source Delta does not know (DeltaConfigs has no entry).
 _DATABRICKS_ONLY_PROPERTIES = frozenset({"delta.targetfilesize", "delta.tunefilesizesforrewrites"})
@@ -178,10 +179,6 @@ _CONFLICT_TEXT = re.compile(
     r"\b(DELTA_CONCURRENT_\w+|DELTA_METADATA_CHANGED|DELTA_PROTOCOL_CHANGED)\b|"
     + "|".join(sorted(_CONFLICTS))
 )
-
-
-#: The idempotent-write app id of appends that must find the table at an expected version.
-_GUARDED_APPEND = "cdc_join.expected_version"
 
 
 def is_conflict(exc: BaseException) -> bool:
@@ -252,9 +249,10 @@ def on_databricks() -> bool:
 
 
 def create_properties(properties: Mapping[str, str] | None, *, cdf: bool, databricks: bool) -> dict[str, str]:
-    """The table properties ``create`` sets: deletion vectors on, the caller's properties (they
-    win; Databricks-only keys are dropped elsewhere), and the change data feed with ``cdf``."""
-    result = {_DELETION_VECTORS: "true"}
+    """The table properties ``create`` sets: deletion vectors and type widening on, the caller's
+    properties (they win; Databricks-only keys are dropped elsewhere), and the change data feed
+    with ``cdf``."""
+    result = {_DELETION_VECTORS: "true", _TYPE_WIDENING: "true"}
     for key, value in (properties or {}).items():
         if not databricks and key.lower() in _DATABRICKS_ONLY_PROPERTIES:
             continue
@@ -584,28 +582,6 @@ def _ranges_predicate(schema: StructType, all_ranges: Sequence[SkipRanges]) -> C
     return reduce(lambda a, b: a & b, conjuncts) if conjuncts else None
 
 
-@contextmanager
-def _session_conf(spark: SparkSession, key: str, value: str | None) -> Iterator[None]:
-    """Set a session setting for the block, then put back what was there (or unset it).
-
-    Under a process-wide lock, so two threads of this process never interleave set and restore.
-    """
-    if value is None:
-        yield
-        return
-    with _SESSION_CONF_LOCK:
-        # With a default, get() returns it unless the key was explicitly set: None means unset.
-        previous = spark.conf.get(key, None)
-        spark.conf.set(key, value)
-        try:
-            yield
-        finally:
-            if previous is None:
-                spark.conf.unset(key)
-            else:
-                spark.conf.set(key, previous)
-
-
 @dataclass(frozen=True)
 class MergePlan:
     """How a :class:`MergeSpec` becomes delta-spark builder calls (pure, testable without jars).
@@ -692,16 +668,6 @@ class DeltaSparkStorage:
             raise StorageError(f"DESCRIBE DETAIL names no location for the Delta table at {path}")
         return str(row["location"]), None if row["id"] is None else str(row["id"])
 
-    def _delta_table(self, path: str) -> Any:
-        from delta.tables import DeltaTable
-
-        if not self.exists(path):
-            raise StorageError(f"No Delta table at {path}")
-        with _spark_errors("open", path):
-            if is_table_name(path):
-                return DeltaTable.forName(self.spark, path)
-            return DeltaTable.forPath(self.spark, self._location(path))
-
     def _snapshot(self, path: str, version: int | None = None) -> DataFrame:
         if not self.exists(path):
             raise StorageError(f"No Delta table at {path}")
@@ -719,41 +685,6 @@ class DeltaSparkStorage:
             writer.saveAsTable(path)
         else:
             writer.save(self._location(path))
-
-    def _file_set(self, path: str) -> set[str]:
-        with _spark_errors("list the files of", path):
-            return set(self._snapshot(path).inputFiles())
-
-    def _last_commit(self, path: str, version: int) -> dict[str, Any]:
-        """The normalized history entry of ``version`` if it is the latest commit, else ``{}``."""
-        entries = self.history(path, 1)
-        return entries[0] if entries and entries[0]["version"] == version else {}
-
-    def _metrics_after(
-        self,
-        path: str,
-        before: set[str],
-        metric_names: Mapping[str, str],
-        *,
-        files_scanned: int | None = None,
-        files_skipped: int | None = None,
-        extra: Mapping[str, Any] | None = None,
-    ) -> WriteMetrics:
-        """Metrics of the write just done, from its commit and the new snapshot's files."""
-        version = self.version(path)
-        after = self._file_set(path)
-        commit = self._last_commit(path, version)
-        raw = commit.get("operationMetrics", {})
-        counts = {field: _int_or_none(raw.get(name)) for field, name in metric_names.items()}
-        return WriteMetrics(
-            version=version,
-            files_added=len(after - before),
-            files_removed=len(before - after),
-            files_scanned=files_scanned,
-            files_skipped=files_skipped,
-            extra={"operation": commit.get("operation"), "metrics": dict(raw), **(extra or {})},
-            **counts,
-        )
 
     def _log_adds(
         self, path: str, version: int, names: set[str], location: str | None = None
@@ -901,19 +832,26 @@ class DeltaSparkStorage:
             raise StorageError(f"Cannot read the transaction log of {path}: {exc}") from exc
         return [frame.withColumn("log_file", F.col("_metadata.file_name"))]
 
-    # ------------------------------------------------------------------ protocol
+    # ------------------------------------------------------------------ protocol: tables
 
     def exists(self, path: str) -> bool:
         """Whether a Delta table is at ``path`` (a name that resolves to a view is no table)."""
-        from delta.tables import DeltaTable
-
-        with _spark_errors("probe", path):
-            if is_table_name(path):
+        if is_table_name(path):
+            with _spark_errors("probe", path):
                 if not self.spark.catalog.tableExists(path):
                     return False
                 table = self.spark.catalog.getTable(path)
                 return not (table.isTemporary or "VIEW" in str(table.tableType or "").upper())
-            return bool(DeltaTable.isDeltaTable(self.spark, self._location(path)))
+        log = _local_log(path)
+        if log is not None:
+            return _local_log_version(log) is not None
+        try:
+            self.spark.sql(f"DESCRIBE DETAIL {self._sql_ref(path)}").select("format").head()
+        except _spark_exception_types() as exc:
+            if _NOT_A_TABLE.search(str(exc)[:2000]):
+                return False
+            raise StorageError(f"Delta (Spark) could not probe {path}: {_first_line(exc)}") from exc
+        return True
 
     def create(
         self,
@@ -925,30 +863,324 @@ class DeltaSparkStorage:
     ) -> bool:
         """Create an empty table if none is at ``path``; return whether this call created it.
 
-        Properties the runtime does not know are left out (see :func:`create_properties`).
+        One ``CREATE TABLE`` statement (SQL, so Spark Connect needs no Delta Connect plugin).
+        Properties the runtime does not know are left out (see :func:`create_properties`); the
+        table features its types need are named (``timestampNtz``).
         """
-        from delta.tables import DeltaTable
-
         if self.exists(path):
             return False
-        builder = DeltaTable.createIfNotExists(self.spark)
-        builder = builder.tableName(path) if is_table_name(path) else builder.location(self._location(path))
-        builder = builder.addColumns(schema)
-        for key, value in create_properties(properties, cdf=cdf, databricks=on_databricks()).items():
-            builder = builder.property(key, value)
-        with _spark_errors("create", path):
-            builder.execute()
+        columns = ", ".join(
+            f"{_quote(f.name)} {_ddl_type(f.dataType)}{'' if f.nullable else ' NOT NULL'}"
+            for f in schema.fields
+        )
+        props = {**create_properties(properties, cdf=cdf, databricks=on_databricks()), **_features(schema)}
+        listed = ", ".join(f"{_sql_text(k)} = {_sql_text(v)}" for k, v in props.items())
+        try:
+            with _spark_errors("create", path):
+                self.spark.sql(
+                    f"CREATE TABLE {self._sql_ref(path)} ({columns}) USING delta TBLPROPERTIES ({listed})"
+                )
+        except StorageError:
+            # Lost a race with another creator: the table is there now, and it is not ours.
+            if self.exists(path):
+                return False
+            raise
+        self._forget(path)
         return True
 
     def version(self, path: str) -> int:
-        """The latest version of the table."""
-        table = self._delta_table(path)
-        with _spark_errors("read the history of", path):
-            return int(table.history(1).select("version").head()[0])
+        """The latest version of the table: the newest commit in a local table's log, else
+        ``DESCRIBE HISTORY``."""
+        log = _local_log(path)
+        if log is not None:
+            found = _local_log_version(log)
+            if found is None:
+                raise StorageError(f"No Delta table at {path}")
+            return found
+        entries = self.history(path, 1)
+        if not entries:
+            raise StorageError(f"No Delta table at {path}")
+        return int(entries[0]["version"])
 
     def schema(self, path: str) -> StructType:
         """The table's current schema (nullability as declared in the table)."""
         return self._snapshot(path).schema
+
+    def history(self, path: str, limit: int | None = None) -> list[dict[str, Any]]:
+        """Commits newest first (see :func:`cdc_join.storage.delta_rs.normalize_history_entry`)."""
+        keys = ("version", "timestamp", "operation", "operationParameters", "operationMetrics")
+        return [{k: e[k] for k in keys} for e in self._commits(path, limit)]
+
+    def _commits(self, path: str, limit: int | None = None) -> list[dict[str, Any]]:
+        """``DESCRIBE HISTORY`` rows, newest first, with the commit's user metadata and the
+        version its transaction read."""
+        if not self.exists(path):
+            raise StorageError(f"No Delta table at {path}")
+        bound = "" if limit is None else f" LIMIT {int(limit)}"
+        with _spark_errors("read the history of", path):
+            rows = (
+                self.spark.sql(f"DESCRIBE HISTORY {self._sql_ref(path)}{bound}")
+                .select(
+                    "version",
+                    # Epoch milliseconds: a collected TimestampType is a naive datetime in the
+                    # Python process's local zone, which need not be UTC.
+                    F.unix_millis("timestamp").alias("timestamp"),
+                    "operation",
+                    "operationParameters",
+                    "operationMetrics",
+                    "userMetadata",
+                    "readVersion",
+                )
+                .collect()
+            )
+        return [
+            {
+                **normalize_history_entry(d),
+                "userMetadata": d.get("userMetadata"),
+                "readVersion": d.get("readVersion"),
+            }
+            for d in (r.asDict(recursive=True) for r in rows)
+        ]
+
+    # ------------------------------------------------------------------ protocol: writes
+
+    def append(
+        self, path: str, df: Rows, *, merge_schema: bool = False, expected_version: int | None = None
+    ) -> WriteMetrics:
+        """Append ``df``; with ``merge_schema`` its new columns are added to the table."""
+        option = ("mergeSchema", "true") if merge_schema else None
+        return self._write(path, df, "append", option, expected_version)
+
+    def overwrite(
+        self, path: str, df: Rows, *, expected_version: int | None = None, replace_schema: bool = False
+    ) -> WriteMetrics:
+        """Replace every row of the table with ``df``: same schema, or ``df``'s with ``replace_schema``
+        (Delta's ``overwriteSchema``; one commit, history and properties stay)."""
+        option = ("overwriteSchema", "true") if replace_schema else None
+        return self._write(path, df, "overwrite", option, expected_version)
+
+    def _write(
+        self, path: str, rows: Rows, mode: str, option: tuple[str, str] | None, expected_version: int | None
+    ) -> WriteMetrics:
+        df = _few_files(rows)
+        self._check_version(path, expected_version)
+        if option is not None:
+            self._enable_features(path, df.schema)
+        writer = df.write.format("delta").mode(mode)
+        if option is not None:
+            writer = writer.option(*option)
+        guard = _Guard.of(expected_version)
+        if guard is not None:
+            writer = (
+                writer.option("txnAppId", GUARD_APP_ID)
+                .option("txnVersion", str(guard.txn_version))
+                .option("userMetadata", guard.token)
+            )
+        with _spark_errors("append to" if mode == "append" else mode, path):
+            self._save(writer, path)
+        self._forget(path)
+        commit = self._commit_of(path, guard)
+        raw = commit.get("operationMetrics") or {}
+        return WriteMetrics(
+            version=int(commit["version"]) if commit else self.version(path),
+            rows_inserted=_int_or_none(raw.get("numOutputRows")),
+            rows_deleted=_int_or_none(raw.get("numDeletedRows")) if mode == "overwrite" else None,
+            files_added=_int_or_none(raw.get("numFiles")),
+            files_removed=_int_or_none(raw.get("numRemovedFiles")) if mode == "overwrite" else 0,
+            extra={"operation": commit.get("operation"), "metrics": dict(raw)},
+        )
+
+    def merge(
+        self, path: str, source: Rows, spec: MergeSpec, *, expected_version: int | None = None
+    ) -> WriteMetrics:
+        """``MERGE INTO`` as ``spec`` says, in SQL over a temporary view of the source (Delta
+        materializes the source when it must, see the module docstring)."""
+        if spec.delete_condition is None and not spec.update and not spec.insert:
+            raise ValueError("MergeSpec has no clause: set delete_condition, update or insert")
+        frame = frame_of(source)
+        self._check_version(path, expected_version)
+        target_columns = self._snapshot(path).columns
+        plan = plan_merge(frame.columns, target_columns, spec)
+        if plan.add_columns:
+            fields = {f.name: f for f in frame.schema.fields}
+            columns = ", ".join(f"{_quote(c)} {_ddl_type(fields[c].dataType)}" for c in plan.add_columns)
+            self._enable_features(path, StructType([fields[c] for c in plan.add_columns]))
+            with _spark_errors("add columns to", path):
+                self.spark.sql(f"ALTER TABLE {self._sql_ref(path)} ADD COLUMNS ({columns})")
+            self._forget(path)
+            if expected_version is not None:
+                expected_version = self._moved_by_us(path, expected_version)
+        elif plan.evolve:
+            self._enable_features(path, frame.schema)
+        view = f"cdc_join_merge_{uuid.uuid4().hex}"
+        frame.createOrReplaceTempView(view)
+        guard = _Guard.of(expected_version)
+        try:
+            with _spark_errors("merge into", path), _session_confs(self.spark, _guard_confs(guard)):
+                result = self.spark.sql(merge_sql(self._sql_ref(path), view, spec, plan)).collect()
+        finally:
+            self.spark.catalog.dropTempView(view)
+        self._forget(path)
+        commit = self._commit_of(path, guard)
+        return _merge_metrics(commit, result[0].asDict() if result else {}, self.version(path))
+
+    def delete(self, path: str, predicate: str | None = None) -> WriteMetrics:
+        """Delete the rows matching ``predicate`` (all rows when ``None``)."""
+        before = self.version(path)
+        where = "" if predicate is None else f" WHERE {predicate}"
+        with _spark_errors("delete from", path):
+            result = self.spark.sql(f"DELETE FROM {self._sql_ref(path)}{where}").collect()
+        self._forget(path)
+        commit = self._commit_of(path, None)
+        raw = commit.get("operationMetrics") or {} if commit.get("version", before) != before else {}
+        deleted = _int_or_none(raw.get("numDeletedRows"))
+        if deleted is None and result and "num_affected_rows" in result[0].asDict():
+            deleted = _int_or_none(result[0]["num_affected_rows"])
+        return WriteMetrics(
+            version=self.version(path),
+            rows_deleted=deleted if deleted is not None else 0,
+            files_added=_int_or_none(raw.get("numAddedFiles")) if raw else 0,
+            files_removed=_removed_files(raw) if raw else 0,
+            extra={"operation": commit.get("operation") if raw else None, "metrics": dict(raw)},
+        )
+
+    def evolve(self, path: str, schema: StructType) -> bool:
+        """Add ``schema``'s new columns; widen types with ``ALTER COLUMN … TYPE`` where the table
+        has ``delta.enableTypeWidening`` (tables this backend creates do), else by rewriting it
+        once with ``overwriteSchema``."""
+        current = self.schema(path)
+        target = merge_schemas(current, schema)
+        if target == current:
+            return False
+        changed = changed_types(current, target)
+        ref = self._sql_ref(path)
+        self._enable_features(path, target)
+        with _spark_errors("change the schema of", path):
+            widening = self._table_property(path, _TYPE_WIDENING) == "true"
+            if changed and not widening:
+                rows = conform(self._snapshot(path), target)
+                writer = rows.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+                self._save(writer, path)
+                self._forget(path)
+                return True
+            for parts, dtype in changed:
+                column = ".".join(_quote(p) for p in parts)
+                self.spark.sql(f"ALTER TABLE {ref} ALTER COLUMN {column} TYPE {_ddl_type(dtype)}")
+            self._forget(path)
+            if self.schema(path) != target:  # new columns: an empty append with schema merging
+                empty = self.spark.createDataFrame([], target)
+                self._save(empty.write.format("delta").mode("append").option("mergeSchema", "true"), path)
+        self._forget(path)
+        return True
+
+    def optimize(
+        self, path: str, zorder_by: Sequence[str] | None = None, target_size: int | None = None
+    ) -> WriteMetrics:
+        """Z-order by ``zorder_by`` when given, else compact small files (no data change).
+
+        ``target_size`` is ``spark.databricks.delta.optimize.maxFileSize`` for this command only:
+        the session's setting is put back afterwards (:func:`_session_confs`).
+        """
+        if not self.exists(path):
+            raise StorageError(f"No Delta table at {path}")
+        before = self.version(path)
+        order = "" if not zorder_by else " ZORDER BY (" + ", ".join(_quote(c) for c in zorder_by) + ")"
+        size = {} if target_size is None else {_OPTIMIZE_MAX_FILE_SIZE: str(int(target_size))}
+        with _spark_errors("optimize", path), _session_confs(self.spark, size):
+            row = self.spark.sql(f"OPTIMIZE {self._sql_ref(path)}{order}").head()
+        self._forget(path)
+        stats = (
+            row["metrics"].asDict(recursive=True) if row is not None and row["metrics"] is not None else {}
+        )
+        version = self.version(path)
+        return WriteMetrics(
+            version=version,
+            files_added=_int_or_none(stats.get("numFilesAdded")) if version != before else 0,
+            files_removed=_int_or_none(stats.get("numFilesRemoved")) if version != before else 0,
+            files_scanned=_int_or_none(stats.get("totalConsideredFiles")),
+            files_skipped=_int_or_none(stats.get("totalFilesSkipped")),
+            extra={"operation": "OPTIMIZE" if version != before else None, "optimize": stats},
+        )
+
+    # ------------------------------------------------------------------ guarded commits
+
+    def _check_version(self, path: str, expected_version: int | None) -> None:
+        """Refuse a write when the table moved past ``expected_version`` (the check before it;
+        :meth:`_commit_of` checks what happened between this check and the commit)."""
+        if expected_version is not None and self.version(path) != expected_version:
+            raise ConcurrentRunError(
+                f"the Delta table at {path} moved past version {expected_version}: another writer "
+                "committed to it first"
+            )
+
+    def _commit_of(self, path: str, guard: _Guard | None) -> dict[str, Any]:
+        """The history entry of the commit a write just made (``{}``: it committed nothing).
+
+        For a guarded write: its commit is the one carrying its token. None means Delta skipped
+        the write, because another guarded writer committed the version it expected first; a
+        commit whose transaction read a later version than expected, or that came after a
+        commit that changed data, was made on top of another writer's data. Either way the
+        write lost: :class:`~cdc_join.errors.ConcurrentRunError`.
+        """
+        if guard is None:
+            found = self._commits(path, 1)
+            return found[0] if found else {}
+        entries = self._commits_since(path, guard.expected)
+        ours = next((e for e in entries if e.get("userMetadata") == guard.token), None)
+        if ours is None:
+            raise ConcurrentRunError(
+                f"the Delta table at {path} moved past version {guard.expected}: another writer "
+                "committed to it first"
+            )
+        between = [e for e in entries if guard.expected < int(e["version"]) < int(ours["version"])]
+        if any(str(e.get("operation") or "").upper() not in DATA_PRESERVING for e in between):
+            raise ConcurrentRunError(
+                f"another writer committed to the Delta table at {path} after version "
+                f"{guard.expected}, while this write was under way"
+            )
+        return ours
+
+    def _commits_since(self, path: str, version: int) -> list[dict[str, Any]]:
+        """History entries newer than ``version`` (a few, unless many writers came after)."""
+        latest = self.version(path)
+        return [e for e in self._commits(path, max(latest - version, 1)) if int(e["version"]) > version]
+
+    def _moved_by_us(self, path: str, expected: int) -> int:
+        """The version after this process's schema change (one commit) of a table that was at
+        ``expected``; another writer's commit in between stops the write."""
+        entries = self._commits_since(path, expected)
+        if len(entries) != 1 or str(entries[0].get("operation") or "").upper() not in DATA_PRESERVING:
+            raise ConcurrentRunError(
+                f"the Delta table at {path} moved past version {expected}: another writer "
+                "committed to it first"
+            )
+        return int(entries[0]["version"])
+
+    def _enable_features(self, path: str, schema: StructType) -> None:
+        """Name the table features ``schema``'s types need before a write brings them in."""
+        needed = _features(schema)
+        if not needed:
+            return
+        have = self._properties(path)
+        missing = {k: v for k, v in needed.items() if have.get(k) != v}
+        if missing:
+            listed = ", ".join(f"{_sql_text(k)} = {_sql_text(v)}" for k, v in missing.items())
+            with _spark_errors("set the table features of", path):
+                self.spark.sql(f"ALTER TABLE {self._sql_ref(path)} SET TBLPROPERTIES ({listed})")
+            self._forget(path)
+
+    def _properties(self, path: str) -> dict[str, str]:
+        with _spark_errors("read the properties of", path):
+            rows = self.spark.sql(f"SHOW TBLPROPERTIES {self._sql_ref(path)}").collect()
+        return {str(r["key"]): str(r["value"]) for r in rows}
+
+    def _table_property(self, path: str, name: str) -> str | None:
+        return self._properties(path).get(name)
+
+    def _forget(self, path: str) -> None:
+        """Drop what is cached of a table this backend just wrote (nothing is, by now)."""
+
+    # ------------------------------------------------------------------ protocol: reads
 
     def read(self, path: str, version: int | None = None, files: Sequence[str] | None = None) -> DataFrame:
         """The snapshot at ``version`` (default latest), optionally only the rows of ``files``.
@@ -1089,6 +1321,9 @@ class DeltaSparkStorage:
         if start_version < 0:
             raise StorageError(f"read_changes of {path}: start_version {start_version} is negative")
         latest = self.version(path)
+        if not is_table_name(path) and self._table_property(path, _CHANGE_DATA_FEED) != "true":
+            # Delta's own error would come only when the rows are read.
+            raise StorageError(f"The Delta table at {path} has no change data feed ({_CHANGE_DATA_FEED})")
         end = latest if end_version is None else min(end_version, latest)
         empty = start_version > end
         # An empty range reads the latest version's changes and keeps none of them, so its
@@ -1109,269 +1344,6 @@ class DeltaSparkStorage:
             changes = feed.drop(_COMMIT_TIMESTAMP)
         return changes.where(F.lit(False)) if empty else changes
 
-    def append(
-        self, path: str, df: Rows, *, merge_schema: bool = False, expected_version: int | None = None
-    ) -> WriteMetrics:
-        """Append ``df``; with ``merge_schema`` its new columns are added to the table."""
-        option = ("mergeSchema", "true") if merge_schema else None
-        return self._write(
-            path, frame_of(df), "append", option, expected_version, {"rows_inserted": "numOutputRows"}
-        )
-
-    def overwrite(
-        self, path: str, df: Rows, *, expected_version: int | None = None, replace_schema: bool = False
-    ) -> WriteMetrics:
-        """Replace every row of the table with ``df``: same schema, or ``df``'s with ``replace_schema``
-        (Delta's ``overwriteSchema``; one commit, history and properties stay)."""
-        option = ("overwriteSchema", "true") if replace_schema else None
-        metrics = {"rows_inserted": "numOutputRows", "rows_deleted": "numDeletedRows"}
-        return self._write(path, frame_of(df), "overwrite", option, expected_version, metrics)
-
-    def _write(
-        self,
-        path: str,
-        df: DataFrame,
-        mode: str,
-        option: tuple[str, str] | None,
-        expected_version: int | None,
-        metrics: Mapping[str, str],
-    ) -> WriteMetrics:
-        self._check_version(path, expected_version)
-        before = self._file_set(path)
-        writer = df.write.format("delta").mode(mode)
-        if option is not None:
-            writer = writer.option(*option)
-        token = None
-        if expected_version is not None and mode == "append":
-            # Delta never fails a blind append on a conflict, so two writers that both passed the
-            # version check would both commit. As an idempotent write of transaction
-            # (app id, expected version + 1), the second one fails (ConcurrentTransactionException)
-            # or is skipped; the commit's user metadata tells which writer made that version.
-            token = f"cdc_join:{uuid.uuid4()}"
-            writer = (
-                writer.option("txnAppId", _GUARDED_APPEND)
-                .option("txnVersion", str(expected_version + 1))
-                .option("userMetadata", token)
-            )
-        with _spark_errors("append to" if mode == "append" else mode, path):
-            self._save(writer, path)
-        if token is not None and self._user_metadata(path, expected_version + 1) != token:
-            raise ConcurrentRunError(
-                f"the Delta table at {path} moved past version {expected_version}: another writer "
-                "committed to it first"
-            )
-        return self._metrics_after(path, before, metrics)
-
-    def _user_metadata(self, path: str, version: int) -> str | None:
-        """The user metadata of commit ``version`` (``None`` when there is no such commit)."""
-        with _spark_errors("read the history of", path):
-            table = self._delta_table(path)
-            # Version `version` is among the last few commits unless many writers followed it.
-            found = next(
-                (
-                    r
-                    for history in (table.history(10), table.history())
-                    for r in history.filter(F.col("version") == version).select("userMetadata").collect()
-                ),
-                None,
-            )
-        return None if found is None else found["userMetadata"]
-
-    def merge(
-        self, path: str, source: Rows, spec: MergeSpec, *, expected_version: int | None = None
-    ) -> WriteMetrics:
-        """MERGE ``source`` into the table as ``spec`` says (Delta materializes the source when it
-        must, see the module docstring)."""
-        if spec.delete_condition is None and not spec.update and not spec.insert:
-            raise ValueError("MergeSpec has no clause: set delete_condition, update or insert")
-        source = frame_of(source)
-        before = self.version(path)
-        if expected_version is not None and before != expected_version:
-            raise ConcurrentRunError(
-                f"the Delta table at {path} moved past version {expected_version}: another writer "
-                "committed to it first"
-            )
-        target_columns = self._snapshot(path).columns
-        plan = plan_merge(source.columns, target_columns, spec)
-        if plan.add_columns:
-            fields = {f.name: f for f in source.schema.fields}
-            columns = ", ".join(f"{_quote(c)} {_ddl_type(fields[c].dataType)}" for c in plan.add_columns)
-            with _spark_errors("add columns to", path):
-                self.spark.sql(f"ALTER TABLE {self._sql_ref(path)} ADD COLUMNS ({columns})")
-            before = self.version(path)
-        # Opened after any ALTER TABLE, so the merge is analysed against the current schema.
-        table = self._delta_table(path)
-        builder = table.alias("t").merge(source.alias("s"), spec.on)
-        if spec.delete_condition is not None:
-            builder = builder.whenMatchedDelete(condition=spec.delete_condition)
-        if spec.update and (plan.star or plan.assignments):
-            if plan.star:
-                builder = builder.whenMatchedUpdateAll(condition=spec.update_condition)
-            else:
-                builder = builder.whenMatchedUpdate(
-                    condition=spec.update_condition, set=dict(plan.assignments)
-                )
-        if spec.insert and (plan.star or plan.assignments):
-            if plan.star:
-                builder = builder.whenNotMatchedInsertAll(condition=spec.insert_condition)
-            else:
-                builder = builder.whenNotMatchedInsert(
-                    condition=spec.insert_condition, values=dict(plan.assignments)
-                )
-        if plan.evolve:
-            builder = builder.withSchemaEvolution()
-        with _spark_errors("merge into", path):
-            result = builder.execute()
-            # One row: num_affected_rows, num_updated_rows, num_deleted_rows, num_inserted_rows.
-            # None from releases whose execute() returned nothing; no row when Delta found the
-            # merge already committed (idempotent writes).
-            counts = result.head() if result is not None else None
-        return self._merge_metrics(path, before, counts)
-
-    def _merge_metrics(self, path: str, before: int, counts: Any) -> WriteMetrics:
-        """Metrics of the MERGE just run from the version ``before``: rows from ``counts`` (the
-        row execute() returned; the commit's ``operationMetrics`` without one), version and
-        files from the commit."""
-        entries = self.history(path, 1)
-        commit = entries[0] if entries else {}
-        version = int(commit.get("version", before))
-        ours = version == before + 1 and commit.get("operation") == "MERGE"
-        raw = dict(commit.get("operationMetrics", {})) if ours else {}
-        returned = counts.asDict() if counts is not None else {}
-        if all(
-            returned.get(k) is not None for k in ("num_inserted_rows", "num_updated_rows", "num_deleted_rows")
-        ):
-            rows = {
-                "rows_inserted": _int_or_none(returned["num_inserted_rows"]),
-                "rows_updated": _int_or_none(returned["num_updated_rows"]),
-                "rows_deleted": _int_or_none(returned["num_deleted_rows"]),
-            }
-        else:
-            rows = {
-                "rows_inserted": _int_or_none(raw.get("numTargetRowsInserted")),
-                "rows_updated": _int_or_none(raw.get("numTargetRowsUpdated")),
-                "rows_deleted": _int_or_none(raw.get("numTargetRowsDeleted")),
-            }
-        if version == before:
-            # Delta skips the commit of a MERGE that changed nothing.
-            files_added: int | None = 0
-            files_removed: int | None = 0
-        elif ours:
-            files_added = _int_or_none(raw.get("numTargetFilesAdded"))
-            rewritten = _int_or_none(raw.get("numTargetFilesRemoved"))
-            # A file that keeps some rows gets a deletion vector instead of a rewrite: its add
-            # action is replaced all the same (Delta counts updated vectors in "added").
-            marked = _int_or_none(raw.get("numTargetDeletionVectorsAdded")) or 0
-            files_removed = None if rewritten is None else rewritten + marked
-        else:
-            files_added = files_removed = None  # another writer committed after this merge
-        return WriteMetrics(
-            version=version,
-            files_added=files_added,
-            files_removed=files_removed,
-            extra={"operation": commit.get("operation") if ours else None, "metrics": raw},
-            **rows,
-        )
-
-    def delete(self, path: str, predicate: str | None = None) -> WriteMetrics:
-        """Delete the rows matching ``predicate`` (all rows when ``None``)."""
-        table = self._delta_table(path)
-        before = self._file_set(path)
-        # A delete without predicate drops whole files and logs a row count only where Delta
-        # is configured to take it from file metadata; count first (answered from statistics).
-        everything = self._snapshot(path).count() if predicate is None else None
-        with _spark_errors("delete from", path):
-            table.delete(predicate)
-        metrics = self._metrics_after(path, before, {"rows_deleted": "numDeletedRows"})
-        if metrics.rows_deleted is None and everything is not None:
-            metrics = replace(metrics, rows_deleted=everything)
-        return metrics
-
-    def evolve(self, path: str, schema: StructType) -> bool:
-        """Add ``schema``'s new columns; widen types with ``ALTER COLUMN … TYPE`` where the table
-        has ``delta.enableTypeWidening``, else by rewriting it once with ``overwriteSchema``."""
-        current = self.schema(path)
-        target = merge_schemas(current, schema)
-        if target == current:
-            return False
-        changed = changed_types(current, target)
-        ref = self._sql_ref(path)
-        with _spark_errors("change the schema of", path):
-            widening = self._table_property(path, "delta.enableTypeWidening") == "true"
-            if changed and not widening:
-                rows = conform(self._snapshot(path), target)
-                writer = rows.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
-                self._save(writer, path)
-                return True
-            for parts, dtype in changed:
-                column = ".".join(_quote(p) for p in parts)
-                self.spark.sql(f"ALTER TABLE {ref} ALTER COLUMN {column} TYPE {_ddl_type(dtype)}")
-            if self.schema(path) != target:  # new columns: an empty append with schema merging
-                empty = self.spark.createDataFrame([], target)
-                self._save(empty.write.format("delta").mode("append").option("mergeSchema", "true"), path)
-        return True
-
-    def _check_version(self, path: str, expected_version: int | None) -> None:
-        """Refuse a write when the table moved past ``expected_version``.
-
-        delta-spark always commits against the latest snapshot, so this is a check right
-        before the write; Delta's own conflict detection covers writers racing inside it.
-        """
-        if expected_version is not None and self.version(path) != expected_version:
-            raise ConcurrentRunError(
-                f"the Delta table at {path} moved past version {expected_version}: another writer "
-                "committed to it first"
-            )
-
-    def _table_property(self, path: str, name: str) -> str | None:
-        rows = self.spark.sql(f"SHOW TBLPROPERTIES {self._sql_ref(path)}").collect()
-        return next((str(r["value"]) for r in rows if r["key"] == name), None)
-
-    def optimize(
-        self, path: str, zorder_by: Sequence[str] | None = None, target_size: int | None = None
-    ) -> WriteMetrics:
-        """Z-order by ``zorder_by`` when given, else compact small files (no data change).
-
-        ``target_size`` is ``spark.databricks.delta.optimize.maxFileSize`` for this command only:
-        the session's setting is put back afterwards (:func:`_session_conf`).
-        """
-        table = self._delta_table(path)
-        before = self._file_set(path)
-        size = None if target_size is None else str(int(target_size))
-        with _spark_errors("optimize", path), _session_conf(self.spark, _OPTIMIZE_MAX_FILE_SIZE, size):
-            optimizer = table.optimize()
-            result = (
-                optimizer.executeZOrderBy(list(zorder_by)) if zorder_by else optimizer.executeCompaction()
-            )
-            row = result.head()
-        stats = (
-            row["metrics"].asDict(recursive=True) if row is not None and row["metrics"] is not None else {}
-        )
-        return self._metrics_after(
-            path,
-            before,
-            {},
-            files_scanned=_int_or_none(stats.get("totalConsideredFiles")),
-            files_skipped=_int_or_none(stats.get("totalFilesSkipped")),
-            extra={"optimize": stats},
-        )
-
-    def history(self, path: str, limit: int | None = None) -> list[dict[str, Any]]:
-        """Commits newest first (see :func:`cdc_join.storage.delta_rs.normalize_history_entry`)."""
-        table = self._delta_table(path)
-        with _spark_errors("read the history of", path):
-            frame = table.history(limit) if limit is not None else table.history()
-            # Epoch milliseconds: a collected TimestampType is a naive datetime in the Python
-            # process's local zone, which need not be UTC.
-            rows = frame.select(
-                "version",
-                F.unix_millis("timestamp").alias("timestamp"),
-                "operation",
-                "operationParameters",
-                "operationMetrics",
-            ).collect()
-        return [normalize_history_entry(r.asDict(recursive=True)) for r in rows]
-
 
 def _int_or_none(value: Any) -> int | None:
     if value is None:
@@ -1380,3 +1352,205 @@ def _int_or_none(value: Any) -> int | None:
         return int(value)
     except (TypeError, ValueError):
         return None
+
+
+# ------------------------------------------------------------------ guarded commits
+
+#: The app id of guarded writes' transaction identifiers (Delta's idempotent writes).
+GUARD_APP_ID = "cdc_join"
+#: Operations that change no row: a commit of one of these between a guarded write's expected
+#: version and its commit is no other writer's data (an OPTIMIZE, a schema change).
+DATA_PRESERVING = frozenset(
+    {
+        "OPTIMIZE",
+        "REORG",
+        "ADD COLUMNS",
+        "CHANGE COLUMN",
+        "SET TBLPROPERTIES",
+        "UNSET TBLPROPERTIES",
+        "UPGRADE PROTOCOL",
+        "ADD FEATURE",
+        "VACUUM START",
+        "VACUUM END",
+        "COMPUTE STATS",
+    }
+)
+_TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
+_TXN_VERSION = "spark.databricks.delta.write.txnVersion"
+_USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+_NOT_A_TABLE = re.compile(
+    r"DELTA_MISSING_DELTA_TABLE|DELTA_TABLE_NOT_FOUND|PATH_NOT_FOUND|is not a Delta table"
+)
+
+
+@dataclass(frozen=True)
+class _Guard:
+    """A write that must find the table at ``expected``.
+
+    Delta commits against the latest snapshot, so a version check alone leaves a gap between
+    the check and the commit. The write also carries the transaction identifier
+    (:data:`GUARD_APP_ID`, ``expected + 1``): Delta skips a write whose identifier another
+    guarded writer already committed, and fails one whose concurrent commit carries the same
+    app id (``ConcurrentTransactionException``). The ``token`` in the commit's user metadata
+    tells afterwards whether the write committed, and on top of what (:meth:`_commit_of`).
+    """
+
+    expected: int
+    token: str
+
+    @property
+    def txn_version(self) -> int:
+        return self.expected + 1
+
+    @staticmethod
+    def of(expected_version: int | None) -> _Guard | None:
+        if expected_version is None:
+            return None
+        return _Guard(int(expected_version), f"cdc_join:{uuid.uuid4()}")
+
+
+def _guard_confs(guard: _Guard | None) -> dict[str, str]:
+    """Session settings that give a SQL command (MERGE) the guard's transaction identifier."""
+    if guard is None:
+        return {}
+    return {_TXN_APP_ID: GUARD_APP_ID, _TXN_VERSION: str(guard.txn_version), _USER_METADATA: guard.token}
+
+
+@contextmanager
+def _session_confs(spark: SparkSession, settings: Mapping[str, str]) -> Iterator[None]:
+    """Set session settings for the block, then put back what was there (or unset them).
+
+    Under a process-wide lock, so two threads of this process never see each other's settings
+    (a guarded MERGE's transaction identifier, OPTIMIZE's file size).
+    """
+    if not settings:
+        yield
+        return
+    with _SESSION_CONF_LOCK:
+        # With a default, get() returns it unless the key was explicitly set: None means unset.
+        previous: dict[str, str | None] = {key: spark.conf.get(key, None) for key in settings}
+        for key, value in settings.items():
+            spark.conf.set(key, value)
+        try:
+            yield
+        finally:
+            for key, value in previous.items():
+                if value is None:
+                    spark.conf.unset(key)
+                else:
+                    spark.conf.set(key, value)
+
+
+def _merge_metrics(commit: Mapping[str, Any], returned: Mapping[str, Any], version: int) -> WriteMetrics:
+    """Metrics of a MERGE: rows from the row it returned (the commit's ``operationMetrics``
+    without one), files from its commit (``{}``: it committed nothing, Delta skips the commit
+    of a MERGE that changed nothing)."""
+    raw = dict(commit.get("operationMetrics") or {}) if commit.get("operation") == "MERGE" else {}
+    names = {
+        "rows_inserted": ("num_inserted_rows", "numTargetRowsInserted"),
+        "rows_updated": ("num_updated_rows", "numTargetRowsUpdated"),
+        "rows_deleted": ("num_deleted_rows", "numTargetRowsDeleted"),
+    }
+    rows = {
+        field: _int_or_none(returned[ours] if returned.get(ours) is not None else raw.get(logged))
+        for field, (ours, logged) in names.items()
+    }
+    if not raw:
+        return WriteMetrics(version=version, files_added=0, files_removed=0, extra={}, **rows)
+    # A file that keeps some rows gets a deletion vector instead of a rewrite: its add action
+    # is replaced all the same (Delta counts updated vectors in "added").
+    rewritten = _int_or_none(raw.get("numTargetFilesRemoved"))
+    marked = _int_or_none(raw.get("numTargetDeletionVectorsAdded")) or 0
+    return WriteMetrics(
+        version=int(commit["version"]),
+        files_added=_int_or_none(raw.get("numTargetFilesAdded")),
+        files_removed=None if rewritten is None else rewritten + marked,
+        extra={"operation": "MERGE", "metrics": raw},
+        **rows,
+    )
+
+
+def _removed_files(raw: Mapping[str, Any]) -> int | None:
+    """Files a DELETE rewrote or gave a deletion vector."""
+    removed = _int_or_none(raw.get("numRemovedFiles"))
+    return None if removed is None else removed + (_int_or_none(raw.get("numDeletionVectorsAdded")) or 0)
+
+
+def merge_sql(target: str, view: str, spec: MergeSpec, plan: MergePlan) -> str:
+    """The ``MERGE INTO`` statement of ``spec`` (clauses in the order of :class:`MergeSpec`)."""
+    clauses = []
+    if spec.delete_condition is not None:
+        clauses.append(f"WHEN MATCHED AND ({spec.delete_condition}) THEN DELETE")
+    if spec.update and (plan.star or plan.assignments):
+        when = "WHEN MATCHED" + ("" if spec.update_condition is None else f" AND ({spec.update_condition})")
+        sets = "*" if plan.star else ", ".join(f"t.{c} = {v}" for c, v in plan.assignments.items())
+        clauses.append(f"{when} THEN UPDATE SET {sets}")
+    if spec.insert and (plan.star or plan.assignments):
+        when = "WHEN NOT MATCHED" + (
+            "" if spec.insert_condition is None else f" AND ({spec.insert_condition})"
+        )
+        if plan.star:
+            clauses.append(f"{when} THEN INSERT *")
+        else:
+            names = ", ".join(plan.assignments)
+            values = ", ".join(plan.assignments.values())
+            clauses.append(f"{when} THEN INSERT ({names}) VALUES ({values})")
+    evolve = " WITH SCHEMA EVOLUTION" if plan.evolve else ""
+    return f"MERGE{evolve} INTO {target} AS t USING {view} AS s ON {spec.on} " + " ".join(clauses)
+
+
+def _features(schema: StructType) -> dict[str, str]:
+    """Table features a table of ``schema`` needs named (open-source Delta does not add them
+    by itself): ``timestampNtz`` for a TIMESTAMP_NTZ column, nested ones too."""
+    return {"delta.feature.timestampNtz": "supported"} if _has_type(schema, TimestampNTZType) else {}
+
+
+def _has_type(data_type: DataType, wanted: type) -> bool:
+    if isinstance(data_type, wanted):
+        return True
+    if isinstance(data_type, StructType):
+        return any(_has_type(f.dataType, wanted) for f in data_type.fields)
+    if isinstance(data_type, ArrayType):
+        return _has_type(data_type.elementType, wanted)
+    if isinstance(data_type, MapType):
+        return _has_type(data_type.keyType, wanted) or _has_type(data_type.valueType, wanted)
+    return False
+
+
+def _sql_text(value: str) -> str:
+    """A SQL string literal."""
+    return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _few_files(rows: Rows) -> DataFrame:
+    """A Spark frame of ``rows``; a change set from the driver (small by nature) as one file."""
+    if isinstance(rows, ChangeSet):
+        return rows.frame.coalesce(1)
+    return rows
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _local_log(path: str) -> str | None:
+    """The ``_delta_log`` folder of a table on the local file system, else ``None``."""
+    if is_table_name(path):
+        return None
+    text = os.fspath(path)
+    if text.startswith("file:"):
+        text = "/" + text[len("file:") :].lstrip("/")
+    elif _URI_SCHEME.match(text):
+        return None
+    return os.path.join(text, "_delta_log")
+
+
+def _local_log_version(log: str) -> int | None:
+    """The newest commit in a local ``_delta_log`` (``None``: no table there)."""
+    try:
+        names = os.listdir(log)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    versions = [int(n[:20]) for n in names if len(n) == 25 and n.endswith(".json") and n[:20].isdigit()]
+    return max(versions) if versions else None

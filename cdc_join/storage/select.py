@@ -66,7 +66,10 @@ def delta_jars_available(spark: SparkSession) -> tuple[bool, str]:
     loaded = None
     for name in _DELTA_CLASSES:
         try:
-            jvm.java.lang.Class.forName(name)  # type: ignore[attr-defined]
+            # The context class loader: jars added with spark.jars(.packages) live there, not
+            # in the loader of java.lang.Class.
+            loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()  # type: ignore[attr-defined]
+            jvm.java.lang.Class.forName(name, False, loader)  # type: ignore[attr-defined]
             loaded = name
             break
         except Exception as exc:

@@ -123,9 +123,11 @@ def test_a_write_expecting_a_version_fails_once_another_writer_moved_the_table(s
     assert store.version(path) == seen + 1
 
 
-def test_racing_appends_expecting_one_version_commit_once(store, spark, tmp_path):
+@pytest.mark.parametrize("kind", ["append", "overwrite", "merge"])
+def test_racing_writes_expecting_one_version_commit_once(store, spark, tmp_path, kind):
     # Both writers pass the version check before either commits (as two runs committing their
-    # checkpoint at the same moment): the commit itself must refuse the second.
+    # checkpoint at the same moment, or a full refresh overwriting state a run appends to): the
+    # commit itself must refuse the second, whatever the write.
     path = str(tmp_path / "t")
     kv_table(store, spark, path, [(1, 1, "a")])
     seen = store.version(path)
@@ -143,8 +145,12 @@ def test_racing_appends_expecting_one_version_commit_once(store, spark, tmp_path
     outcomes: list[str] = []
 
     def write(n: int) -> None:
+        rows_of_n = spark.createDataFrame([(10 + n, 1, "x")], KV_DDL)
         try:
-            store.append(path, spark.createDataFrame([(10 + n, 1, "x")], KV_DDL), expected_version=seen)
+            if kind == "merge":
+                store.merge(path, rows_of_n, MergeSpec(on="t.id = s.id"), expected_version=seen)
+            else:
+                getattr(store, kind)(path, rows_of_n, expected_version=seen)
             outcomes.append("committed")
         except ConcurrentRunError:
             outcomes.append("lost")
@@ -157,7 +163,8 @@ def test_racing_appends_expecting_one_version_commit_once(store, spark, tmp_path
         for t in threads:
             t.join()
     assert sorted(outcomes) == ["committed", "lost"]
-    assert len(rows(store.read(path))) == 2
+    assert len(rows(store.read(path))) == (1 if kind == "overwrite" else 2)
+    assert store.version(path) == seen + 1
 
 
 def test_delta_spark_tells_commit_conflicts_from_other_failures():
@@ -671,7 +678,7 @@ def test_types_round_trip(store, spark, tmp_path, write_path):
         b"\x00\x01",
     )
     nulls = (2, *([None] * (len(TYPES.fields) - 1)))
-    store.append(path, spark.createDataFrame([full, nulls], TYPES))
+    store.append(path, spark.createDataFrame([full, nulls], TYPES).coalesce(1))
 
     read_schema = store.read(path).schema
     assert [(f.name, f.dataType) for f in read_schema.fields] == [(f.name, f.dataType) for f in TYPES.fields]
@@ -721,10 +728,12 @@ def test_get_storage_env_var_and_caching(spark, monkeypatch):
 
 
 def test_forcing_delta_spark_without_jars_raises(spark, monkeypatch):
-    available, reason = delta_jars_available(spark)
-    if available:
-        pytest.skip("the Delta jars are available here")
-    assert reason
+    from cdc_join.storage import select
+
+    # A session without the jars (this one has them): the class lookup fails.
+    reason = "Delta jars are not on the Spark classpath (java.lang.ClassNotFoundException: io.delta)"
+    monkeypatch.setattr(select, "delta_jars_available", lambda _spark: (False, reason))
+    monkeypatch.setattr(select, "_cache", type(select._cache)())
     monkeypatch.setenv(ENV_VAR, "delta-spark")
     with pytest.raises(StorageError, match="delta-spark") as info:
         get_storage(spark)
@@ -952,10 +961,11 @@ def test_a_keyed_read_returns_the_rows_a_spark_filter_does(store, spark, tmp_pat
     schema = StructType([*schema.fields, StructField("n", LongType(), False), StructField("v", StringType())])
     assert store.create(path, schema, cdf=False) is True
     first = [(keys[0], 1, "a"), (keys[1], 2, None), (keys[2], 3, "c"), (None, 4, "null key")]
-    store.append(path, spark.createDataFrame(first, schema))
+    # One file per append (a Spark frame of a few rows is written as a file per partition).
+    store.append(path, spark.createDataFrame(first, schema).coalesce(1))
     store.evolve(path, StructType([*schema.fields, StructField("added", StringType())]))
     later = [(keys[1], 5, "b2", "x"), (keys[3], 6, "d", None), (keys[4], 7, "e", "y")]
-    store.append(path, spark.createDataFrame(later, store.schema(path)))
+    store.append(path, spark.createDataFrame(later, store.schema(path)).coalesce(1))
 
     wanted = [keys[1], keys[3], keys[4], None, keys[0]]
     key_df = spark.createDataFrame(
@@ -1149,8 +1159,10 @@ def test_delta_spark_merge_metrics_come_from_execute(spark_store, spark, tmp_pat
     path = str(tmp_path / "t")
     kv_table(spark_store, spark, path, [(1, 1, "a"), (2, 1, "b"), (3, 1, "c")])
     source = spark.createDataFrame([(1, 2, "a2"), (4, 1, "d")], KV_DDL)
-    # The two inputFiles() listings around the merge are gone.
-    monkeypatch.setattr(type(spark_store), "_file_set", lambda *_: pytest.fail("listed the files"))
+    # Metrics come from the commit, not from listing the files before and after.
+    from pyspark.sql import DataFrame
+
+    monkeypatch.setattr(DataFrame, "inputFiles", lambda *_: pytest.fail("listed the files"))
 
     m = spark_store.merge(path, source, MergeSpec(on="t.id = s.id"))
 
@@ -1265,13 +1277,18 @@ def test_delta_spark_create_properties(monkeypatch):
     )
     assert oss == {
         "delta.enableDeletionVectors": "true",
+        "delta.enableTypeWidening": "true",
         "delta.appendOnly": "false",
         "delta.enableChangeDataFeed": "true",
     }
     dbr = create_properties({"delta.targetFileSize": "16384"}, cdf=False, databricks=True)
-    assert dbr == {"delta.enableDeletionVectors": "true", "delta.targetFileSize": "16384"}
+    assert dbr == {
+        "delta.enableDeletionVectors": "true",
+        "delta.enableTypeWidening": "true",
+        "delta.targetFileSize": "16384",
+    }
     off = create_properties({"delta.EnableDeletionVectors": "false"}, cdf=False, databricks=False)
-    assert off == {"delta.EnableDeletionVectors": "false"}
+    assert off == {"delta.EnableDeletionVectors": "false", "delta.enableTypeWidening": "true"}
 
     monkeypatch.setenv("DATABRICKS_RUNTIME_VERSION", "15.4")
     assert on_databricks()
