@@ -9,7 +9,8 @@ Exit codes, for schedulers:
   3  a data problem: events were quarantined or a type changed (see 'cdc-join quarantine'),
      a source the join needs has no events yet, a landing file changed after it was
      ingested, or a batch has no usable sequence field or mixes connectors
-  4  another run holds the pipeline, or committed first while this one worked (run again)
+  4  another run holds the pipeline, or committed first while this one worked (run again);
+     verify: a run stopped before its commit (run again, then verify)
   5  a storage or internal error
 """
 
@@ -198,7 +199,7 @@ def open_pipeline(args: argparse.Namespace, progress: Callable[[str], None] | No
     from cdc_join.session import get_spark, quiet_query_context_logs
     from cdc_join.storage import get_storage
 
-    spark = get_spark(f"cdc_join:{config.name}", quiet=not args.debug)
+    spark = get_spark(f"cdc_join:{config.name}", quiet=not args.debug, storage=args.storage)
     quiet_query_context_logs(not args.debug)  # also for a session that was already running
     return Pipeline(config, spark, get_storage(spark, args.storage), progress=progress)
 
@@ -220,6 +221,8 @@ def _run(args: argparse.Namespace, say: _Printer) -> int:
 def _verify(args: argparse.Namespace, say: _Printer) -> int:
     result = _pipeline(args, say).verify(repair=args.repair, source=args.source)
     say.result(result.summary(), dataclasses.asdict(result) | {"ok": result.ok})
+    if result.unfinished:
+        return BUSY  # not a difference: the rerun of the stopped run finishes it
     return OK if result.ok else DIFFERENCES
 
 
@@ -254,7 +257,7 @@ def _quarantine(args: argparse.Namespace, say: _Printer) -> int:
 def _demo(args: argparse.Namespace, say: _Printer) -> int:
     from cdc_join.demo import run_demo
 
-    run_demo(args.dir, quiet=not args.debug)
+    run_demo(args.dir, quiet=not args.debug, storage=args.storage)
     return OK
 
 

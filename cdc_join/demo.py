@@ -116,14 +116,15 @@ def write_changes(writer: EventWriter) -> None:
     writer.write("customers", [writer.event("customers", "u", before=george, after=renamed, lsn=2004)])
 
 
-def prepare(folder: Path, *, quiet: bool = False) -> Pipeline:
-    """Write the pipeline YAML and the first batch under ``folder``; return the pipeline."""
+def prepare(folder: Path, *, quiet: bool = False, storage: str | None = None) -> Pipeline:
+    """Write the pipeline YAML and the first batch under ``folder``; return the pipeline on
+    ``storage`` (default: ``CDC_JOIN_STORAGE``, else ``auto``)."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "pipeline.yml").write_text(yaml.safe_dump(PIPELINE, sort_keys=False))
     writer = EventWriter(folder / "landing", TABLES)
     write_snapshot(writer)
-    spark = get_spark("cdc_join-demo", quiet=quiet)
-    return Pipeline(load_config(folder / "pipeline.yml"), spark, get_storage(spark))
+    spark = get_spark("cdc_join-demo", quiet=quiet, storage=storage)
+    return Pipeline(load_config(folder / "pipeline.yml"), spark, get_storage(spark, storage))
 
 
 def show_silver(pipeline: Pipeline, title: str) -> None:
@@ -132,11 +133,12 @@ def show_silver(pipeline: Pipeline, title: str) -> None:
     pipeline.storage.read(pipeline.config.silver_path).select(*cols).orderBy("order_id").show(truncate=False)
 
 
-def run_demo(directory: str | None = None, *, quiet: bool = False) -> Pipeline:
+def run_demo(directory: str | None = None, *, quiet: bool = False, storage: str | None = None) -> Pipeline:
     """Run the whole demo, printing each step; returns the pipeline for further inspection."""
     folder = Path(directory) if directory else Path(tempfile.mkdtemp(prefix="cdc_join_demo_"))
     print(f"demo folder: {folder}")
-    pipeline = prepare(folder, quiet=quiet)
+    pipeline = prepare(folder, quiet=quiet, storage=storage)
+    print(f"storage backend: {pipeline.storage.name}")
     print(pipeline.run().summary())
     show_silver(pipeline, "silver after the snapshot")
     write_changes(EventWriter(folder / "landing", TABLES))

@@ -22,6 +22,7 @@ from cdc_join import bronze, cost, lookup, resolve, runlog, silver, state, subsc
 from cdc_join.changeset import ChangeSet, materialize
 from cdc_join.config import PipelineConfig
 from cdc_join.errors import ConfigError
+from cdc_join.fence import Fenced
 from cdc_join.ingest import ingest_all
 from cdc_join.report import RunReport, SparkJobs
 from cdc_join.runlog import Checkpoint, RunStart, commit_run, run_lock
@@ -91,7 +92,7 @@ class Pipeline:
     ) -> verify.VerifyReport:
         """Compare silver with a recompute from bronze; with ``repair``, full-refresh and recheck."""
         found = verify.verify(self.storage, self.config, samples=samples, source=source)
-        if not repair or found.ok:
+        if not repair or found.ok or found.unfinished:  # a stopped run is finished by a run
             return found
         self.full_refresh(ingest=False)
         again = verify.verify(self.storage, self.config, samples=samples, source=source)
@@ -101,6 +102,8 @@ class Pipeline:
         with run_lock(self.config):
             started = datetime.now(timezone.utc)
             begin = runlog.start(self.storage, self.config)
+            # Every write on state, subscriptions and silver names the version this run read.
+            store = Fenced(self.storage, begin.tables)
             report = RunReport(begin.checkpoint.run_id + 1, kind, crash_after, self.progress)
             report.jobs = SparkJobs(self.spark)
             if ingest:
@@ -116,14 +119,15 @@ class Pipeline:
                         if r.unread:
                             counts[name]["unread_files"] = len(r.unread)
                         report.warnings += r.warnings()
-            checkpoint = self._join(begin, report, plan)
-            commit_run(
-                self.storage, self.config, checkpoint, kind, started, report.to_dict(), begin.log_version
-            )
+            checkpoint = self._join(store, begin, report, plan)
+            with report.step("commit"):
+                commit_run(
+                    self.storage, self.config, checkpoint, kind, started, report.to_dict(), begin.log_version
+                )
             return report
 
-    def _join(self, begin: RunStart, report: RunReport, plan: str) -> Checkpoint:
-        cfg, store, previous, run_id = self.config, self.storage, begin.checkpoint, report.run_id
+    def _join(self, store: Fenced, begin: RunStart, report: RunReport, plan: str) -> Checkpoint:
+        cfg, previous, run_id = self.config, begin.checkpoint, report.run_id
         ready = bronze.prepare(store, cfg, report)
         if ready is None:
             return dataclasses.replace(previous, run_id=run_id)
@@ -131,11 +135,13 @@ class Pipeline:
         resolve.select_schema(store, cfg)  # a bad select fails here, before any state or silver write
         types = silver.source_types(store, cfg)
         first_run = cfg.left not in previous.state_versions
-        # A full refresh stopped after it rebuilt the left state re-hashed every left row (with
-        # bronze's current column types): the subscriptions it did not get to rebuild would
-        # make every response stale. Its rerun finishes it, whatever this run was asked for.
-        resumed = not first_run and state.rebuilt_since(
-            store, cfg.state_path(cfg.left), previous.state_versions[cfg.left], previous.run_id
+        # A full refresh stopped after it rebuilt a state table: its rerun finishes it, whatever
+        # this run was asked for (a rebuilt left state re-hashed every left row, so the
+        # subscriptions it did not get to rebuild would make every response stale).
+        resumed = not first_run and any(
+            state.rebuilt_since(store, cfg.state_path(name), previous.state_versions[name], previous.run_id)
+            for name in cfg.sources
+            if name in previous.state_versions
         )
         # A new left source or primary key: state rows and silver's rows are keyed otherwise.
         restated = silver.restated(previous.silver, cfg)
@@ -154,8 +160,10 @@ class Pipeline:
                 else restated or f"first run of {cost.RECOMPUTE_MIN_ROWS}+ rows"
             )
             report.steps["plan"] = {"decision": "recompute", "reason": f"{reason}: state rebuilt from bronze"}
-            self._recompute(pinned, report, begin, replace=restated)
-            return Checkpoint(run_id, versions, pinned, watermarks, silver.definition(cfg, types))
+            self._recompute(store, pinned, report, begin, replace=restated)
+            return Checkpoint(
+                run_id, versions, pinned, watermarks, silver.definition(cfg, types), store.tables()
+            )
         with report.step("plan") as counts:
             changes = {
                 name: state.plan(
@@ -185,16 +193,18 @@ class Pipeline:
             # New or changed joins have no subscriptions for the rows that did not change:
             # rebuild them all from the current left rows, as a full refresh does.
             rebuild = not first_run and silver.joins_redefined(previous.silver, cfg)
-            self._recompute(pinned, report, begin, None if rebuild else applied[cfg.left].changes)
+            self._recompute(store, pinned, report, begin, None if rebuild else applied[cfg.left].changes)
         elif decision.recompute:
-            self._recompute_affected(applied, pinned, report, begin)
+            self._recompute_affected(store, applied, pinned, report, begin)
         else:
-            self._incremental(applied[cfg.left].changes, left_current, subscribers, pinned, report, begin)
+            changed = applied[cfg.left].changes
+            self._incremental(store, changed, left_current, subscribers, pinned, report, begin)
         watermarks = {n: a.watermark for n, a in applied.items() if a.watermark}
-        return Checkpoint(run_id, versions, pinned, watermarks, silver.definition(cfg, types))
+        return Checkpoint(run_id, versions, pinned, watermarks, silver.definition(cfg, types), store.tables())
 
     def _incremental(
         self,
+        store: Fenced,
         left_changed: ChangeSet,
         left_current: ChangeSet,
         subscribers: Mapping[str, ChangeSet],
@@ -203,7 +213,7 @@ class Pipeline:
         begin: RunStart,
     ) -> None:
         """The KIP-213 path: instructions, responses and rows for the changed keys only."""
-        cfg, store, run_id = self.config, self.storage, report.run_id
+        cfg, run_id = self.config, report.run_id
         with report.step("resolve") as counts:
             resolved = resolve.incremental(
                 store, cfg, left_changed, left_current, subscribers, pinned, run_id
@@ -222,12 +232,17 @@ class Pipeline:
             counts["stale_subscriptions_removed"] = removed
 
     def _recompute_affected(
-        self, applied: Mapping[str, state.Applied], pinned: dict[str, int], report: RunReport, begin: RunStart
+        self,
+        store: Fenced,
+        applied: Mapping[str, state.Applied],
+        pinned: dict[str, int],
+        report: RunReport,
+        begin: RunStart,
     ) -> None:
         """The cost rule's recompute: the rows of the keys the changes affect, found and built
         by joining whole state tables in Spark instead of looking up subscriptions; the
         subscriptions get the changed left keys' instructions, as in an incremental run."""
-        cfg, store, run_id = self.config, self.storage, report.run_id
+        cfg, run_id = self.config, report.run_id
         left_changed = applied[cfg.left].changes
         scanned = "recompute: the left rows naming changed right keys are found by a scan of the left state"
         for join in cfg.joins:
@@ -236,7 +251,7 @@ class Pipeline:
         found = resolve.recompute_affected(store, cfg, left_changed, right_changed, pinned, run_id)
         if found is not None and silver.reshapes(store, cfg, found):
             # A column silver cannot take as it is: the whole join replaces silver's rows.
-            self._recompute(pinned, report, begin, left_changed)
+            self._recompute(store, pinned, report, begin, left_changed)
             return
         with report.step("resolve") as counts:
             rows = None if found is None else materialize(found)
@@ -253,6 +268,7 @@ class Pipeline:
 
     def _recompute(
         self,
+        store: Fenced,
         pinned: dict[str, int],
         report: RunReport,
         begin: RunStart,
@@ -263,7 +279,7 @@ class Pipeline:
         the reason, silver's rows replaced). Subscriptions are rebuilt when the state was
         (``left_changed`` is ``None``), else they get the changed left keys' instructions, as in
         an incremental run."""
-        cfg, store, run_id = self.config, self.storage, report.run_id
+        cfg, run_id = self.config, report.run_id
         if left_changed is None:
             left_rows = state.read_current(
                 store, cfg.state_path(cfg.left), cfg.left_source.primary_key, pinned[cfg.left]

@@ -34,6 +34,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType, Tim
 from cdc_join.changeset import arrow_schema, from_arrow
 from cdc_join.config import PipelineConfig
 from cdc_join.errors import ConcurrentRunError
+from cdc_join.fence import versions_of
 from cdc_join.storage import Storage
 
 RUNS_SCHEMA = StructType(
@@ -59,6 +60,9 @@ class Checkpoint:
     watermarks: Mapping[str, str] = field(default_factory=dict)
     silver: Mapping[str, Any] | None = None
     """What defined silver's rows (left, joins, select, output) when they were written."""
+    tables: Mapping[str, int] = field(default_factory=dict)
+    """The version of every table the run wrote or read as it left it (state, subscriptions,
+    silver), by path: what the next run reads as "the tables of the last completed run"."""
 
     def to_json(self) -> str:
         return json.dumps(
@@ -68,6 +72,7 @@ class Checkpoint:
                 "state_versions": dict(self.state_versions),
                 "watermarks": dict(self.watermarks),
                 "silver": None if self.silver is None else dict(self.silver),
+                "tables": dict(self.tables),
             },
             sort_keys=True,
         )
@@ -81,23 +86,39 @@ class Checkpoint:
             state_versions={k: int(v) for k, v in raw.get("state_versions", {}).items()},
             watermarks=dict(raw.get("watermarks", {})),
             silver=raw.get("silver"),
+            tables={k: int(v) for k, v in (raw.get("tables") or {}).items()},
         )
 
 
 @dataclass(frozen=True)
 class RunStart:
-    """What a run saw when it started: the checkpoint, and the versions its commits expect."""
+    """What a run saw when it started: the checkpoint, the run log's version its commit
+    expects, and the version of every table it may write (see :mod:`cdc_join.fence`)."""
 
     checkpoint: Checkpoint
     log_version: int
     silver_version: int | None
+    tables: Mapping[str, int | None] = field(default_factory=dict)
+
+
+def written_tables(config: PipelineConfig) -> list[str]:
+    """The tables a run writes besides bronze and its logs: every source's state, every join's
+    subscriptions, then silver (last)."""
+    return [
+        *(config.state_path(name) for name in config.sources),
+        *(config.subscription_path(join) for join in config.joins),
+        config.silver_path,
+    ]
 
 
 def start(storage: Storage, config: PipelineConfig) -> RunStart:
-    """The last checkpoint and the run log's and silver's versions, noted at a run's start."""
+    """The last checkpoint, the run log's version and the versions of the tables the run may
+    write, noted at a run's start."""
     storage.create(config.runs_path, RUNS_SCHEMA, cdf=False)
-    silver = storage.version(config.silver_path) if storage.exists(config.silver_path) else None
-    return RunStart(last_checkpoint(storage, config), storage.version(config.runs_path), silver)
+    log_version = storage.version(config.runs_path)
+    # Read after the log's version: a run that commits in between makes this run's commit fail.
+    tables = versions_of(storage, written_tables(config))
+    return RunStart(last_checkpoint(storage, config), log_version, tables[config.silver_path], tables)
 
 
 def last_checkpoint(storage: Storage, config: PipelineConfig) -> Checkpoint:

@@ -21,6 +21,7 @@ keys with the same old and new images.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -42,7 +43,6 @@ from pyspark.sql.types import (
 from cdc_join.bronze import Increment
 from cdc_join.changeset import (
     ChangeSet,
-    arrow_of,
     empty,
     from_arrow,
     materialize,
@@ -283,16 +283,14 @@ def _reduce(rows: DataFrame, key: list[str]) -> tuple[ChangeSet, str | None, int
 def _truncated_keys(
     storage: Storage, path: str, key: list[str], previous: Previous, watermark: str
 ) -> ChangeSet:
-    """Keys a truncate at ``watermark`` changes: live at the last completed run, or live now
-    (a killed attempt's rows), with a smaller sequence. One read of the whole table."""
-    stored = storage.read(path)
-    settled = newest(stored.filter(F.col(RUN) <= previous.run_id), key)
+    """Keys a truncate at ``watermark`` changes: live at the last completed run (the state
+    version its checkpoint recorded) or live now (a killed attempt's rows, a rebuilt table),
+    with a smaller sequence. One read of the whole table (two if it moved since)."""
     older = ~F.col(DELETED) & (F.col(SEQ) < F.lit(watermark))
-    hit = (
-        settled.filter(older)
-        .select(*quoted(key))
-        .unionByName(newest(stored, key).filter(older).select(*quoted(key)))
-    )
+    hit = newest(storage.read(path), key).filter(older).select(*quoted(key))
+    if previous.version is not None and storage.version(path) != previous.version:
+        settled = newest(storage.read(path, previous.version), key)
+        hit = hit.unionByName(settled.filter(older).select(*quoted(key)))
     return materialize(hit.distinct())
 
 
@@ -308,28 +306,34 @@ def images(
     """Per key in ``keys``: ``_old``, its row at the last completed run, and ``_new``, its row
     once ``changes`` are applied; ``_append`` says whether ``_new`` must be written (lazy).
 
-    ``_new`` is the newer of the row now in the table and the key's newest event (which is
-    not older than the watermark), made a truncate tombstone when it is older than the
-    watermark. The stored rows of the keys and the events are folded in one aggregation.
+    ``_old`` is read at the state version the last checkpoint recorded (time travel): rows a
+    killed or losing run appended after it are not what the last completed run left, whatever
+    run id they carry. ``_new`` is the newer of the row now in the table and the key's newest
+    event (which is not older than the watermark), made a truncate tombstone when it is older
+    than the watermark. The stored rows of the keys and the events are folded in one
+    aggregation.
     """
     key = list(source.primary_key)
-    stored, scan = read_keyed(storage, path, keys, [(c, c) for c in key], values=keys.values(key[0]))
-    both = stored.withColumn("__event", F.lit(False)).unionByName(
-        changes.rows.withColumn("__event", F.lit(True))
-    )
+    on = [(c, c) for c in key]
+    stored, scan = read_keyed(storage, path, keys, on, values=keys.values(key[0]))
+    parts = [stored.withColumn("__src", F.lit("now")), changes.rows.withColumn("__src", F.lit("event"))]
     on_driver = None if scan.rows_on_driver is None else scan.rows_on_driver + changes.events
-    both = one_partition(both, on_driver)
-    # SQL text: one round trip each to a classic session's JVM, not several per column. The
-    # last completed run's row is the newest stored one unless a killed attempt of this run
-    # stored rows after it; only then does the query need that run's id, a literal that makes
-    # Spark compile its code anew.
-    row, old = f"struct({', '.join(quoted(stored.columns))})", "NOT __event"
-    if _stored_after(stored, previous.run_id):
-        old += f" AND {RUN} <= {int(previous.run_id)}"
+    old = "FALSE"  # no completed run wrote this table
+    if previous.version is not None:
+        old = "__src = 'now'"
+        if storage.version(path) != previous.version:
+            settled, seen = read_keyed(storage, path, keys, on, previous.version, keys.values(key[0]))
+            parts.append(conform(settled, stored.schema).withColumn("__src", F.lit("old")))
+            more = seen.rows_on_driver
+            on_driver = None if on_driver is None or more is None else on_driver + more
+            old = "__src = 'old'"
+    both = one_partition(functools.reduce(lambda a, b: a.unionByName(b), parts), on_driver)
+    # SQL text: one round trip each to a classic session's JVM, not several per column.
+    row = f"struct({', '.join(quoted(stored.columns))})"
     folded = both.groupBy(*quoted(key)).agg(
         F.expr(f"max_by({row}, CASE WHEN {old} THEN {order_sql()} END) AS {OLD}"),
-        F.expr(f"max_by({row}, CASE WHEN NOT __event THEN {order_sql()} END) AS __now"),
-        F.expr(f"max_by({row}, CASE WHEN __event THEN {order_sql()} END) AS __event"),
+        F.expr(f"max_by({row}, CASE WHEN __src = 'now' THEN {order_sql()} END) AS __now"),
+        F.expr(f"max_by({row}, CASE WHEN __src = 'event' THEN {order_sql()} END) AS __event"),
     )
     newer = f"__event IS NOT NULL AND (__now IS NULL OR {order_sql('__event')} > {order_sql('__now')})"
     result = folded.selectExpr("*", f"CASE WHEN {newer} THEN __event ELSE __now END AS {NEW}")
@@ -340,16 +344,6 @@ def images(
         result = result.withColumn(NEW, F.when(live_older, tombstone).otherwise(F.col(NEW)))
     written = f"{NEW} IS NOT NULL AND (__now IS NULL OR {order_sql(NEW)} != {order_sql('__now')})"
     return result.selectExpr(*quoted(key), OLD, NEW, f"{written} AS {_APPEND}")
-
-
-def _stored_after(stored: DataFrame, run_id: int) -> bool:
-    """Whether state rows read for a run may hold one written after run ``run_id`` (by a
-    killed attempt of the run): true unless they were read to the driver and hold none."""
-    table = arrow_of(stored)
-    if table is None:
-        return True
-    latest = pc.max(table.column(RUN)).as_py() if table.num_rows else None
-    return latest is not None and latest > run_id
 
 
 def appended(images_set: ChangeSet) -> pa.Table:

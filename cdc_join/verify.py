@@ -31,6 +31,7 @@ from cdc_join.ingest import beyond_lookback, landing_warnings, legacy_warnings, 
 from cdc_join.runlog import Checkpoint
 from cdc_join.schemas import quoted, widens_to
 from cdc_join.storage import Storage
+from cdc_join.storage.base import DATA_PRESERVING_OPERATIONS
 from cdc_join.tables import (
     ACTION,
     DELETED,
@@ -39,6 +40,7 @@ from cdc_join.tables import (
     LHS_HASH,
     LINE,
     RUN,
+    RUN_ID,
     SEQ,
     fk_columns,
     output_columns,
@@ -68,6 +70,9 @@ class VerifyReport:
     repaired: bool = False
     unlisted: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """Per source, landing files no run will ingest (older than ``landing_lookback_hours``)."""
+    unfinished: tuple[str, ...] = ()
+    """Tables a run wrote after the last completed one (see :func:`unfinished`): then silver is
+    not compared, the rerun finishes that run's work."""
 
     @property
     def silver_ok(self) -> bool:
@@ -75,10 +80,19 @@ class VerifyReport:
 
     @property
     def ok(self) -> bool:
+        if self.unfinished:
+            return False
         internal = [*self.state_differences.values(), *self.subscription_differences.values()]
         return self.silver_ok and not any(internal) and not self.unlisted
 
     def summary(self) -> str:
+        if self.unfinished:
+            return (
+                f"a run of this pipeline is unfinished: it wrote {', '.join(self.unfinished)} after the "
+                "last completed run, and stopped before its commit (or is still running). Silver is "
+                "not compared until it is finished: run `cdc-join run` (it completes that work), "
+                "then verify again"
+            )
         if self.ok:
             head = f"silver matches the join of the current sources (recomputed from {self.source})"
         else:
@@ -158,8 +172,59 @@ def _current(
 
 
 def _settled(storage: Storage, config: PipelineConfig, name: str, checkpoint: Checkpoint) -> DataFrame:
-    """A state table's rows written by completed runs (a killed run's rows have a greater run id)."""
-    return storage.read(config.state_path(name)).filter(F.col(RUN) <= F.lit(checkpoint.run_id))
+    """A state table as the last completed run left it: at the version its checkpoint recorded
+    (rows a killed or losing run appended later are not read)."""
+    version = checkpoint.state_versions.get(name)
+    rows = storage.read(config.state_path(name), version)
+    return rows if version is not None else rows.limit(0)
+
+
+def unfinished(storage: Storage, config: PipelineConfig, checkpoint: Checkpoint) -> list[str]:
+    """The tables a run wrote after the last completed run: one stopped before its commit (or
+    still going), whose rerun finishes its work. Empty when there is none.
+
+    State and subscription tables: rows of a later run id (file statistics; compaction keeps
+    every row's run). Silver: the same, or a commit that changed rows since the version the
+    checkpoint recorded (a run that only deleted rows leaves no run id behind)."""
+    found = []
+    for name in config.sources:
+        if _rows_after(storage, config.state_path(name), RUN, checkpoint.run_id):
+            found.append(f"state of {name}")
+    for join in config.joins:
+        if _rows_after(storage, config.subscription_path(join), RUN_ID, checkpoint.run_id):
+            found.append(f"subscriptions of {join.alias}")
+    path, recorded = config.silver_path, checkpoint.tables.get(config.silver_path)
+    if _rows_after(storage, path, RUN_ID, checkpoint.run_id) or (
+        recorded is not None and _changed_since(storage, path, recorded)
+    ):
+        found.append("silver")
+    return found
+
+
+def _rows_after(storage: Storage, path: str, column: str, run_id: int) -> bool:
+    """Whether the table holds a row whose ``column`` (a run id) is greater than ``run_id``."""
+    if not storage.exists(path):
+        return False
+    highs = [f.max_values.get(column) for f in storage.files(path) if f.num_records != 0]
+    if all(isinstance(high, int) for high in highs):
+        return any(high > run_id for high in highs)
+    top = storage.read(path).agg(F.max(column).alias("high")).first()
+    return top is not None and top["high"] is not None and top["high"] > run_id
+
+
+def _changed_since(storage: Storage, path: str, version: int) -> bool:
+    """Whether a commit after ``version`` changed rows of the table."""
+    if not storage.exists(path):
+        return False
+    latest = storage.version(path)
+    if latest <= version:
+        return False
+    commits = storage.history(path, latest - version)
+    return any(
+        str(c.get("operation") or "").upper() not in DATA_PRESERVING_OPERATIONS
+        for c in commits
+        if c["version"] > version
+    )
 
 
 def _right_rows(rows: DataFrame, config: PipelineConfig, join) -> DataFrame:  # type: ignore[no-untyped-def]
@@ -185,6 +250,9 @@ def verify(
     if source not in SOURCES:
         raise ValueError(f"source must be one of {SOURCES}, not {source!r}")
     checkpoint = runlog.last_checkpoint(storage, config)
+    stopped = unfinished(storage, config, checkpoint)
+    if stopped:
+        return VerifyReport(0, 0, 0, 0, 0, source=source, unfinished=tuple(stopped))
     # Built and cached once: the silver and the internal checks read it three times.
     current = {name: rows.cache() for name, rows in _current(storage, config, source, checkpoint).items()}
     computed = expected_silver(storage, config, source, current).select(*quoted(columns))

@@ -80,3 +80,59 @@ def subscriptions(pipeline: Pipeline, join_index: int = 0) -> set[tuple]:
     rows, _ = current(pipeline.storage, path, join, pipeline.config.left_source)
     cols = [*fk_columns(join), *pk_columns(pipeline.config.left_source)]
     return {tuple(r) for r in rows.select(*cols).collect()}
+
+
+class PauseAt:
+    """A run's progress hook that holds the run at the start of one of its steps until released.
+
+    ``Pipeline(..., progress=PauseAt("silver"))`` run in a thread stops when it reaches step
+    ``silver`` (``reached`` is set) and goes on once ``release()`` is called; with ``step`` None
+    it never stops. ``steps`` lists the steps the run started, in order.
+    """
+
+    def __init__(self, step: str | None = None) -> None:
+        import threading
+
+        self.step = step
+        self.steps: list[str] = []
+        self.reached = threading.Event()
+        self._go = threading.Event()
+
+    def __call__(self, line: str) -> None:
+        name = line.split("] ", 1)[-1].removesuffix(" ...")
+        self.steps.append(name)
+        if name == self.step and not self._go.is_set():
+            self.reached.set()
+            if not self._go.wait(600):
+                raise TimeoutError(f"the run held at step {name!r} was never released")
+
+    def release(self) -> None:
+        self._go.set()
+
+
+def in_thread(work: Any) -> Any:
+    """Start ``work()`` in a thread; the returned handle's ``result()`` joins it and gives
+    ``"committed"``, or the name of the exception it raised."""
+    import threading
+
+    outcome: list[str] = []
+
+    def target() -> None:
+        try:
+            work()
+            outcome.append("committed")
+        except BaseException as e:  # the outcome is what the caller checks
+            outcome.append(type(e).__name__)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+
+    class Handle:
+        @staticmethod
+        def result(timeout: float = 600) -> str:
+            thread.join(timeout)
+            if thread.is_alive():
+                raise TimeoutError("the operation did not finish")
+            return outcome[0]
+
+    return Handle()

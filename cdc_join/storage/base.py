@@ -73,6 +73,25 @@ def quote_table_name(name: str) -> str:
     return ".".join(p if p.startswith("`") else f"`{p}`" for p in parts)
 
 
+#: Operations (as :meth:`Storage.history` names them, upper-cased) that change no row: a
+#: compaction, a schema or property change.
+DATA_PRESERVING_OPERATIONS = frozenset(
+    {
+        "OPTIMIZE",
+        "REORG",
+        "ADD COLUMNS",
+        "CHANGE COLUMN",
+        "SET TBLPROPERTIES",
+        "UNSET TBLPROPERTIES",
+        "UPGRADE PROTOCOL",
+        "ADD FEATURE",
+        "VACUUM START",
+        "VACUUM END",
+        "COMPUTE STATS",
+    }
+)
+
+
 @dataclass(frozen=True)
 class MergeSpec:
     """What a MERGE does, independent of the backend.

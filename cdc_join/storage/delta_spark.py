@@ -112,7 +112,14 @@ from pyspark.sql.types import (
 from cdc_join.changeset import ChangeSet, Rows, frame_of, to_arrow
 from cdc_join.errors import ConcurrentRunError, StorageError
 from cdc_join.schemas import changed_types, conform, merge_schemas
-from cdc_join.storage.base import FileStats, MergeSpec, WriteMetrics, is_table_name, quote_table_name
+from cdc_join.storage.base import (
+    DATA_PRESERVING_OPERATIONS,
+    FileStats,
+    MergeSpec,
+    WriteMetrics,
+    is_table_name,
+    quote_table_name,
+)
 from cdc_join.storage.delta_rs import normalize_history_entry, stat_upper_bound
 
 _log = logging.getLogger(__name__)
@@ -249,10 +256,13 @@ def on_databricks() -> bool:
 
 
 def create_properties(properties: Mapping[str, str] | None, *, cdf: bool, databricks: bool) -> dict[str, str]:
-    """The table properties ``create`` sets: deletion vectors and type widening on, the caller's
-    properties (they win; Databricks-only keys are dropped elsewhere), and the change data feed
-    with ``cdf``."""
-    result = {_DELETION_VECTORS: "true", _TYPE_WIDENING: "true"}
+    """The table properties ``create`` sets: deletion vectors on, the caller's properties (they
+    win; Databricks-only keys are dropped elsewhere), and the change data feed with ``cdf``.
+
+    Type widening is left off until a column widens (:meth:`DeltaSparkStorage.evolve`): delta-rs,
+    which reads local tables' logs and files for this backend, refuses tables with that feature.
+    """
+    result = {_DELETION_VECTORS: "true"}
     for key, value in (properties or {}).items():
         if not databricks and key.lower() in _DATABRICKS_ONLY_PROPERTIES:
             continue
@@ -636,6 +646,8 @@ class DeltaSparkStorage:
         self.spark = spark
         # (location, table id, version) → its files: a version's files never change.
         self._file_lists: dict[tuple[str, str | None, int], list[FileStats]] = {}
+        # (root, version) → delta-rs's table of a local table (see _dataset).
+        self._delta_rs_tables: dict[tuple[str, int], Any] = {}
         # Locations delta-rs failed to open: not tried again (an object store without
         # credentials can make every attempt wait for credential lookups to time out).
         self._delta_rs_failed: set[str] = set()
@@ -661,7 +673,11 @@ class DeltaSparkStorage:
         return self._detail(path)[0]
 
     def _detail(self, path: str) -> tuple[str, str | None]:
-        """The table's location as Spark qualifies it, and its id, from ``DESCRIBE DETAIL``."""
+        """The table's location as Spark qualifies it, and its id, from ``DESCRIBE DETAIL``
+        (a local table's location without it, and no id: its path names it)."""
+        log = _local_log(path)
+        if log is not None:
+            return "file:" + os.path.dirname(os.path.abspath(log)), None
         with _spark_errors("describe", path):
             row = self.spark.sql(f"DESCRIBE DETAIL {self._sql_ref(path)}").select("location", "id").head()
         if row is None or row["location"] is None:
@@ -913,7 +929,13 @@ class DeltaSparkStorage:
 
     def _commits(self, path: str, limit: int | None = None) -> list[dict[str, Any]]:
         """``DESCRIBE HISTORY`` rows, newest first, with the commit's user metadata and the
-        version its transaction read."""
+        version its transaction read (a local table's: its commit files, read directly)."""
+        log = _local_log(path)
+        if log is not None:
+            found = _local_commits(log, limit)
+            if found is None:
+                raise StorageError(f"No Delta table at {path}")
+            return found
         if not self.exists(path):
             raise StorageError(f"No Delta table at {path}")
         bound = "" if limit is None else f" LIMIT {int(limit)}"
@@ -1045,28 +1067,23 @@ class DeltaSparkStorage:
         )
 
     def evolve(self, path: str, schema: StructType) -> bool:
-        """Add ``schema``'s new columns; widen types with ``ALTER COLUMN … TYPE`` where the table
-        has ``delta.enableTypeWidening`` (tables this backend creates do), else by rewriting it
-        once with ``overwriteSchema``."""
+        """Add ``schema``'s new columns; widen types in place with Delta's type widening
+        (``delta.enableTypeWidening`` is turned on for it: no file is rewritten), or, where Delta
+        cannot widen a type, by rewriting the table once with ``overwriteSchema``."""
         current = self.schema(path)
         target = merge_schemas(current, schema)
         if target == current:
             return False
         changed = changed_types(current, target)
-        ref = self._sql_ref(path)
         self._enable_features(path, target)
-        with _spark_errors("change the schema of", path):
-            widening = self._table_property(path, _TYPE_WIDENING) == "true"
-            if changed and not widening:
+        if changed and not self._widened(path, changed):
+            with _spark_errors("change the schema of", path):
                 rows = conform(self._snapshot(path), target)
                 writer = rows.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
                 self._save(writer, path)
-                self._forget(path)
-                return True
-            for parts, dtype in changed:
-                column = ".".join(_quote(p) for p in parts)
-                self.spark.sql(f"ALTER TABLE {ref} ALTER COLUMN {column} TYPE {_ddl_type(dtype)}")
             self._forget(path)
+            return True
+        with _spark_errors("change the schema of", path):
             if self.schema(path) != target:  # new columns: an empty append with schema merging
                 empty = self.spark.createDataFrame([], target)
                 self._save(empty.write.format("delta").mode("append").option("mergeSchema", "true"), path)
@@ -1103,6 +1120,22 @@ class DeltaSparkStorage:
         )
 
     # ------------------------------------------------------------------ guarded commits
+
+    def _widened(self, path: str, changed: Sequence[tuple[Sequence[str], DataType]]) -> bool:
+        """Widen the ``changed`` columns in place (type widening on first); whether Delta could."""
+        ref = self._sql_ref(path)
+        try:
+            if self._table_property(path, _TYPE_WIDENING) != "true":
+                self.spark.sql(f"ALTER TABLE {ref} SET TBLPROPERTIES ('{_TYPE_WIDENING}' = 'true')")
+            for parts, dtype in changed:
+                column = ".".join(_quote(p) for p in parts)
+                self.spark.sql(f"ALTER TABLE {ref} ALTER COLUMN {column} TYPE {_ddl_type(dtype)}")
+        except _spark_exception_types() as exc:
+            _log.info("Delta cannot widen %s in place (%s); the table is rewritten", path, _first_line(exc))
+            return False
+        finally:
+            self._forget(path)
+        return True
 
     def _check_version(self, path: str, expected_version: int | None) -> None:
         """Refuse a write when the table moved past ``expected_version`` (the check before it;
@@ -1213,7 +1246,12 @@ class DeltaSparkStorage:
     def read_arrow(
         self, path: str, columns: Sequence[str] | None = None, files: Sequence[str] | None = None
     ) -> pa.Table:
-        """The latest snapshot (or only ``files`` of it) collected as Arrow (one Spark job)."""
+        """The latest snapshot (or only ``files`` of it) as Arrow: its parquet files read on the
+        driver where :meth:`_dataset` can, else collected from Spark (one job)."""
+        dataset = self._dataset(path, None, files)
+        if dataset is not None:
+            with _spark_errors("read", path):
+                return dataset.to_table(columns=None if columns is None else list(columns))
         df = self.read(path, files=files)
         return to_arrow(df.select(*[_quote(c) for c in columns]) if columns is not None else df)
 
@@ -1224,10 +1262,67 @@ class DeltaSparkStorage:
         values: Sequence[Any],
         version: int | None = None,
         files: Sequence[str] | None = None,
-    ) -> None:
-        """``None``: Delta is read by Spark here, so a keyed read stays a Spark read (see
-        :func:`cdc_join.storage.pruning.read_keyed`)."""
-        return None
+    ) -> pa.Table | None:
+        """The rows whose ``column`` equals one of ``values`` (a null matches nothing), read on
+        the driver where :meth:`_dataset` can; ``None`` where it cannot, and the keyed read
+        stays a Spark read (see :func:`cdc_join.storage.pruning.read_keyed`)."""
+        dataset = self._dataset(path, version, files)
+        if dataset is None:
+            return None
+        with _spark_errors("read", path):
+            wanted = pa.array([v for v in values if v is not None], dataset.schema.field(column).type)
+            return dataset.to_table(filter=pc.field(column).isin(wanted))
+
+    def _dataset(self, path: str, version: int | None, files: Sequence[str] | None) -> Any:
+        """A local table's snapshot (or ``files`` of it) as a pyarrow dataset of its parquet
+        files, which gives exactly its rows where none of them has a deletion vector, no column
+        is mapped and none partitions it (tables cdc_join appends to: state, subscriptions,
+        logs); ``None`` elsewhere. delta-rs reads the log: no Spark job."""
+        log = _local_log(path)
+        if log is None:
+            return None
+        root = os.path.dirname(os.path.abspath(log))
+        resolved = _local_log_version(log) if version is None else int(version)
+        if resolved is None:
+            raise StorageError(f"No Delta table at {path}")
+        try:
+            table = self._delta_rs_table(root, resolved)
+            meta = table.metadata()
+            if meta.partition_columns or meta.configuration.get("delta.columnMapping.mode", "none") != "none":
+                return None
+            if _deleted_rows(table):
+                return None
+            names = [
+                unquote(a) for a in pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()
+            ]
+            schema = pa.schema(table.schema().to_arrow())
+        except BaseException as exc:  # delta-rs cannot read this table: Spark does
+            if not isinstance(exc, Exception) and type(exc).__name__ != "PanicException":
+                raise
+            return None
+        if files is not None:
+            present = {_basename(n): n for n in names}
+            missing = [f for f in files if _basename(f) not in present]
+            if missing:
+                where = "the latest version" if version is None else f"version {version}"
+                raise StorageError(f"{missing[0]} is not a data file of {where} of the Delta table at {path}")
+            names = [present[_basename(f)] for f in files]
+        import pyarrow.dataset as ds
+
+        paths = [n if _URI_SCHEME.match(n) else os.path.join(root, n) for n in names]
+        return ds.dataset(sorted(paths), schema=schema, format="parquet")
+
+    def _delta_rs_table(self, root: str, version: int) -> Any:
+        """delta-rs's view of a local table at a version (kept: a version never changes)."""
+        from deltalake import DeltaTable as DeltaRsTable
+
+        key = (root, version)
+        table = self._delta_rs_tables.get(key)
+        if table is None:
+            table = self._delta_rs_tables[key] = DeltaRsTable(root, version=version)
+            while len(self._delta_rs_tables) > _FILE_LISTS_KEPT * 4:
+                self._delta_rs_tables.pop(next(iter(self._delta_rs_tables)))
+        return table
 
     def files(self, path: str, version: int | None = None) -> list[FileStats]:
         """The snapshot's data files with statistics of the top-level columns.
@@ -1358,23 +1453,9 @@ def _int_or_none(value: Any) -> int | None:
 
 #: The app id of guarded writes' transaction identifiers (Delta's idempotent writes).
 GUARD_APP_ID = "cdc_join"
-#: Operations that change no row: a commit of one of these between a guarded write's expected
-#: version and its commit is no other writer's data (an OPTIMIZE, a schema change).
-DATA_PRESERVING = frozenset(
-    {
-        "OPTIMIZE",
-        "REORG",
-        "ADD COLUMNS",
-        "CHANGE COLUMN",
-        "SET TBLPROPERTIES",
-        "UNSET TBLPROPERTIES",
-        "UPGRADE PROTOCOL",
-        "ADD FEATURE",
-        "VACUUM START",
-        "VACUUM END",
-        "COMPUTE STATS",
-    }
-)
+#: A commit of one of these between a guarded write's expected version and its commit is no
+#: other writer's data.
+DATA_PRESERVING = DATA_PRESERVING_OPERATIONS
 _TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 _TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 _USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
@@ -1544,6 +1625,39 @@ def _local_log(path: str) -> str | None:
     elif _URI_SCHEME.match(text):
         return None
     return os.path.join(text, "_delta_log")
+
+
+def _local_commits(log: str, limit: int | None) -> list[dict[str, Any]] | None:
+    """The newest ``limit`` commits of a local table (all with ``None``), newest first, as
+    ``DESCRIBE HISTORY`` gives them (``None``: no table there). Commits whose file the log
+    cleanup removed end the list, as they end Delta's history."""
+    latest = _local_log_version(log)
+    if latest is None:
+        return None
+    first = 0 if limit is None else max(0, latest - int(limit) + 1)
+    found = []
+    for version in range(latest, first - 1, -1):
+        try:
+            with open(os.path.join(log, f"{version:020d}.json"), encoding="utf-8") as commit:
+                info = next((a["commitInfo"] for a in map(json.loads, commit) if "commitInfo" in a), {})
+        except FileNotFoundError:
+            break
+        found.append(
+            {
+                **normalize_history_entry(
+                    {
+                        "version": version,
+                        "timestamp": info.get("inCommitTimestamp", info.get("timestamp")),
+                        "operation": info.get("operation"),
+                        "operationParameters": info.get("operationParameters"),
+                        "operationMetrics": info.get("operationMetrics"),
+                    }
+                ),
+                "userMetadata": info.get("userMetadata"),
+                "readVersion": info.get("readVersion"),
+            }
+        )
+    return found
 
 
 def _local_log_version(log: str) -> int | None:

@@ -1277,18 +1277,13 @@ def test_delta_spark_create_properties(monkeypatch):
     )
     assert oss == {
         "delta.enableDeletionVectors": "true",
-        "delta.enableTypeWidening": "true",
         "delta.appendOnly": "false",
         "delta.enableChangeDataFeed": "true",
     }
     dbr = create_properties({"delta.targetFileSize": "16384"}, cdf=False, databricks=True)
-    assert dbr == {
-        "delta.enableDeletionVectors": "true",
-        "delta.enableTypeWidening": "true",
-        "delta.targetFileSize": "16384",
-    }
+    assert dbr == {"delta.enableDeletionVectors": "true", "delta.targetFileSize": "16384"}
     off = create_properties({"delta.EnableDeletionVectors": "false"}, cdf=False, databricks=False)
-    assert off == {"delta.EnableDeletionVectors": "false", "delta.enableTypeWidening": "true"}
+    assert off == {"delta.EnableDeletionVectors": "false"}
 
     monkeypatch.setenv("DATABRICKS_RUNTIME_VERSION", "15.4")
     assert on_databricks()
