@@ -31,7 +31,6 @@ from cdc_join.ingest import beyond_lookback, landing_warnings, legacy_warnings, 
 from cdc_join.runlog import Checkpoint
 from cdc_join.schemas import quoted, widens_to
 from cdc_join.storage import Storage
-from cdc_join.storage.base import DATA_PRESERVING_OPERATIONS
 from cdc_join.tables import (
     ACTION,
     DELETED,
@@ -172,20 +171,19 @@ def _current(
 
 
 def _settled(storage: Storage, config: PipelineConfig, name: str, checkpoint: Checkpoint) -> DataFrame:
-    """A state table as the last completed run left it: at the version its checkpoint recorded
-    (rows a killed or losing run appended later are not read)."""
-    version = checkpoint.state_versions.get(name)
-    rows = storage.read(config.state_path(name), version)
-    return rows if version is not None else rows.limit(0)
+    """A state table's rows written by completed runs (a killed run's rows have a greater run id;
+    :func:`unfinished` stops verify before it compares while there are any)."""
+    return storage.read(config.state_path(name)).filter(F.col(RUN) <= F.lit(checkpoint.run_id))
 
 
 def unfinished(storage: Storage, config: PipelineConfig, checkpoint: Checkpoint) -> list[str]:
-    """The tables a run wrote after the last completed run: one stopped before its commit (or
-    still going), whose rerun finishes its work. Empty when there is none.
+    """The tables holding rows of a run after the last completed one: a run stopped before its
+    commit (or still going), whose rerun finishes its work. Empty when there is none.
 
-    State and subscription tables: rows of a later run id (file statistics; compaction keeps
-    every row's run). Silver: the same, or a commit that changed rows since the version the
-    checkpoint recorded (a run that only deleted rows leaves no run id behind)."""
+    Read from file statistics of the run-id columns (compaction keeps every row's run). Every
+    run that changes silver first appends state rows (a rebuild rewrites them all), so a stopped
+    run shows in its state tables even when it only deleted silver rows; rows written by hand
+    or another tool carry no newer run id, and verify compares them as differences."""
     found = []
     for name in config.sources:
         if _rows_after(storage, config.state_path(name), RUN, checkpoint.run_id):
@@ -193,10 +191,7 @@ def unfinished(storage: Storage, config: PipelineConfig, checkpoint: Checkpoint)
     for join in config.joins:
         if _rows_after(storage, config.subscription_path(join), RUN_ID, checkpoint.run_id):
             found.append(f"subscriptions of {join.alias}")
-    path, recorded = config.silver_path, checkpoint.tables.get(config.silver_path)
-    if _rows_after(storage, path, RUN_ID, checkpoint.run_id) or (
-        recorded is not None and _changed_since(storage, path, recorded)
-    ):
+    if _rows_after(storage, config.silver_path, RUN_ID, checkpoint.run_id):
         found.append("silver")
     return found
 
@@ -210,21 +205,6 @@ def _rows_after(storage: Storage, path: str, column: str, run_id: int) -> bool:
         return any(high > run_id for high in highs)
     top = storage.read(path).agg(F.max(column).alias("high")).first()
     return top is not None and top["high"] is not None and top["high"] > run_id
-
-
-def _changed_since(storage: Storage, path: str, version: int) -> bool:
-    """Whether a commit after ``version`` changed rows of the table."""
-    if not storage.exists(path):
-        return False
-    latest = storage.version(path)
-    if latest <= version:
-        return False
-    commits = storage.history(path, latest - version)
-    return any(
-        str(c.get("operation") or "").upper() not in DATA_PRESERVING_OPERATIONS
-        for c in commits
-        if c["version"] > version
-    )
 
 
 def _right_rows(rows: DataFrame, config: PipelineConfig, join) -> DataFrame:  # type: ignore[no-untyped-def]

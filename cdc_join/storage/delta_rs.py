@@ -114,6 +114,9 @@ _SOURCE_NAME = "cdc_join_merge_source"
 _TARGET_NAME = "cdc_join_merge_target"
 
 
+_UNSUPPORTED_FEATURES = re.compile(r"[Uu]nsupported (?:table |reader |writer )?features?[^\[]*\[([^\]]*)\]")
+
+
 @contextmanager
 def _delta_errors(action: str, path: str) -> Iterator[None]:
     """Re-raise delta-rs failures as :class:`StorageError` naming the action and the table."""
@@ -122,6 +125,13 @@ def _delta_errors(action: str, path: str) -> Iterator[None]:
     except StorageError:
         raise
     except DeltaError as exc:
+        features = _UNSUPPORTED_FEATURES.search(str(exc))
+        if features:
+            raise StorageError(
+                f"delta-rs cannot {action} the Delta table at {path}: it uses table features delta-rs "
+                f"does not support ({features.group(1)}), as tables the delta-spark backend creates do "
+                "(deletionVectors); run this lake with --storage delta-spark"
+            ) from exc
         if type(exc).__name__ == "CommitFailedError":
             raise ConcurrentRunError(
                 f"could not {action} the Delta table at {path}: another writer committed to it first ({exc})"
