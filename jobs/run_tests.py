@@ -5,7 +5,8 @@
 Runs ``pytest`` in the project folder (default: the folder above ``jobs/``) with
 ``CDC_JOIN_STORAGE`` and ``CDC_JOIN_TEST_STORAGE`` set to ``--storage`` (default
 ``delta-spark``), so the contract suite's delta-spark half and every test using the ``storage``
-fixture run on the cluster's Delta. Without pytest arguments it runs ``tests/contract``.
+fixture run on the cluster's Delta. Without pytest arguments it runs ``tests/contract`` and
+``tests/scenarios``.
 Exits with pytest's exit code.
 """
 
@@ -18,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 DEFAULT_PROJECT = Path(__file__).resolve().parents[1]
-DEFAULT_TESTS = ["tests/contract"]
+DEFAULT_TESTS = ["tests/contract", "tests/scenarios"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--project-dir", type=Path, default=DEFAULT_PROJECT, help="folder with pyproject.toml"
     )
-    parser.add_argument("--storage", choices=["delta-spark", "delta-rs", "auto"], default="delta-spark")
+    parser.add_argument("--storage", choices=["delta-spark", "delta-rs"], default="delta-spark")
     parser.add_argument("pytest_args", nargs="*", help="passed to pytest (put them after --)")
     return parser
 
@@ -45,7 +46,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sys.dont_write_bytecode = True
     import pytest
 
-    return int(pytest.main([*(args.pytest_args or DEFAULT_TESTS), "-p", "no:cacheprovider"]))
+    selected = args.pytest_args or DEFAULT_TESTS
+    return int(pytest.main([*selected, "--storage", args.storage, "-p", "no:cacheprovider"]))
 
 
 if __name__ == "__main__":

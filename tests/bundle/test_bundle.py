@@ -191,7 +191,7 @@ def test_full_refresh_job_verifies_after_refreshing(jobs):
     assert tasks["verify"]["depends_on"] == [{"task_key": "full_refresh"}]
 
 
-def test_integration_test_job_runs_the_contract_suite_on_delta_spark(jobs, bundle):
+def test_integration_test_job_runs_the_contract_and_scenario_suites_on_delta_spark(jobs, bundle):
     path, job = jobs["cdc_join_integration_tests"]
     (task,) = job["tasks"]
     module = _entry_point(path.parent / task["spark_python_task"]["python_file"])
@@ -199,7 +199,7 @@ def test_integration_test_job_runs_the_contract_suite_on_delta_spark(jobs, bundl
     args = module.build_parser().parse_args(params)
     assert args.storage == "delta-spark"
     assert str(args.project_dir) == FILE_PATH
-    assert "tests/contract" in args.pytest_args
+    assert {"tests/contract", "tests/scenarios"} <= set(args.pytest_args)
     (cluster,) = job["job_clusters"]
     assert cluster["new_cluster"]["spark_env_vars"]["CDC_JOIN_STORAGE"] == "delta-spark"
     assert cluster["new_cluster"]["num_workers"] == 0  # tests write to the driver's local disk
