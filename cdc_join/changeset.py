@@ -299,7 +299,7 @@ def materialize_all(frames: Sequence[DataFrame]) -> list[ChangeSet]:
     # Every field nullable: a row of one frame holds nulls in the other frames' columns. SQL
     # text, so a projection is one round trip to a classic session's JVM, not several a column.
     types = [nullable(f.schema) for f in frames]
-    packed = [_nullable_struct_sql(f.schema) for f in frames]
+    packed = [nullable_struct_sql(f.schema) for f in frames]
     parts = [
         frame.selectExpr(
             f"{i} AS __part",
@@ -320,7 +320,7 @@ def materialize_all(frames: Sequence[DataFrame]) -> list[ChangeSet]:
     return out
 
 
-def _nullable_struct_sql(schema: StructType) -> str:
+def nullable_struct_sql(schema: StructType) -> str:
     """SQL of a struct of every column of ``schema``, each field nullable all the way down:
     ``CASE WHEN`` without ``ELSE`` is nullable (a literal condition would be folded away), and
     the cast to a type without ``NOT NULL`` makes nested fields nullable too."""

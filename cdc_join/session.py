@@ -32,6 +32,10 @@ LOCAL_DEFAULTS = {
     # (The default options: Spark adds them before spark.driver.extraJavaOptions, which a user's
     # spark-defaults.conf may set.)
     "spark.driver.defaultJavaOptions": "-XX:-DontCompileHugeMethods",
+    # Delta replays a table's log in this many tasks (default 50) whenever its snapshot is
+    # rebuilt, which a run does for every table it writes. Measured on a two-source pipeline,
+    # delta-spark backend: a run with a few changes 10 s -> 5.5 s, a verify 13 s -> 3.7 s.
+    "spark.databricks.delta.snapshotPartitions": "2",
 }
 
 

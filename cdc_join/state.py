@@ -47,6 +47,7 @@ from cdc_join.changeset import (
     from_arrow,
     materialize,
     materialize_all,
+    nullable_struct_sql,
     one_partition,
     rows_of_struct,
 )
@@ -328,8 +329,10 @@ def images(
             on_driver = None if on_driver is None or more is None else on_driver + more
             old = "__src = 'old'"
     both = one_partition(functools.reduce(lambda a, b: a.unionByName(b), parts), on_driver)
-    # SQL text: one round trip each to a classic session's JVM, not several per column.
-    row = f"struct({', '.join(quoted(stored.columns))})"
+    # SQL text: one round trip each to a classic session's JVM, not several per column. Every
+    # field of the packed row nullable: a key without an old (or new) row gets a null struct,
+    # which Arrow cannot hold under a type with NOT NULL fields.
+    row = nullable_struct_sql(stored.schema)
     folded = both.groupBy(*quoted(key)).agg(
         F.expr(f"max_by({row}, CASE WHEN {old} THEN {order_sql()} END) AS {OLD}"),
         F.expr(f"max_by({row}, CASE WHEN __src = 'now' THEN {order_sql()} END) AS __now"),
