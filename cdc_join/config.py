@@ -1,4 +1,4 @@
-"""Pipeline configuration: the YAML of DESIGN.md §4 as frozen, validated dataclasses.
+"""Pipeline configuration: the pipeline YAML as frozen, validated dataclasses.
 
 Everything that can be checked without reading data is checked here, so a wrong config fails
 before any table is touched, with an error naming the file and the key.
@@ -18,6 +18,7 @@ import yaml
 
 from cdc_join.errors import ConfigError, ConfigErrors, config_errors
 from cdc_join.expressions import check_safe, code_of
+from cdc_join.paths import has_scheme, local_path
 from cdc_join.schemas import parse_type
 from cdc_join.storage.base import is_table_name
 
@@ -33,7 +34,7 @@ ON_QUARANTINE = ("fail", "warn")
 
 
 class JoinType(str, enum.Enum):
-    """How a left row without a matching right row is treated (DESIGN.md §2)."""
+    """How a left row without a matching right row is treated."""
 
     INNER = "inner"
     LEFT = "left"
@@ -106,7 +107,7 @@ class PipelineConfig:
     this many hours, so finding new files does not grow with every file ever landed."""
     """Maintenance drops delete tombstones whose event is older than this (``None``: never)."""
 
-    # -- table locations (DESIGN.md §4) ------------------------------------------------------
+    # -- table locations ----------------------------------------------------------------------
     # With ``tables: catalog.schema`` every table is addressed by name in that schema
     # (delta-spark backend); otherwise by path under ``lake``.
     def bronze_path(self, source: str) -> str:
@@ -161,7 +162,7 @@ class PipelineConfig:
         """A local lock file, or None where tables live in a metastore, an object store or a
         FUSE mount of one (Databricks' ``/Volumes``, ``/dbfs``), where creating a file is not
         atomic and a lock left by a lost cluster could not be told from a live one."""
-        if self.tables or _is_uri(self.lake) or self.lake.startswith(_SHARED_MOUNTS):
+        if self.tables or has_scheme(self.lake) or self.lake.startswith(_SHARED_MOUNTS):
             return None
         return _join(self.lake, "_cdc_join", self.name, "_lock")
 
@@ -186,10 +187,6 @@ def _join(root: str, *parts: str) -> str:
 
 
 _SHARED_MOUNTS = ("/Volumes/", "/dbfs/", "/Workspace/")
-
-
-def _is_uri(text: str) -> bool:
-    return "://" in text or text.startswith("dbfs:")
 
 
 # -- loading ---------------------------------------------------------------------------------
@@ -502,7 +499,8 @@ def _landing(value: Any, key: str, base: Path, check_paths: bool) -> str | None:
     if value is None:
         return None
     landing = _resolve(_string(value, f"{key}.landing"), base)
-    if check_paths and not _is_uri(landing) and not Path(landing).is_dir():
+    local = local_path(landing)
+    if check_paths and local is not None and not Path(local).is_dir():
         raise ConfigError(f"landing folder {landing} does not exist", key=f"{key}.landing")
     return landing
 
@@ -677,6 +675,27 @@ def _columns(value: Any, key: str, *, dotted: bool = False) -> tuple[str, ...]:
 
 
 def _resolve(text: str, base: Path) -> str:
-    if _is_uri(text) or os.path.isabs(text):
+    if has_scheme(text) or os.path.isabs(text):
         return text
     return str((base / text).resolve())
+
+
+def check_addressing(config: PipelineConfig, backend: str) -> None:
+    """Tables by name need the delta-spark backend: on delta-rs that is a mistake in the config
+    (exit 2), said before anything is read, not a storage failure in the first write."""
+    if backend != "delta-rs":
+        return
+    hint = "give 'lake:' (or --lake DIR) to address the tables by path, or use the delta-spark backend"
+    if config.tables:
+        raise ConfigError(
+            f"{config.tables!r} addresses tables by name, which the delta-rs backend cannot; {hint}",
+            key="tables",
+            path=config.config_path,
+        )
+    for name, source in config.sources.items():
+        if source.bronze is not None and is_table_name(source.bronze):
+            raise ConfigError(
+                f"{source.bronze!r} names a table, which the delta-rs backend cannot address; {hint}",
+                key=f"sources.{name}.bronze",
+                path=config.config_path,
+            )

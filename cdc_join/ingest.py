@@ -67,6 +67,7 @@ from cdc_join.debezium import QUARANTINE_SCHEMA, ParsedBatch, parse_events
 from cdc_join.debezium.sequence import LEGACY_RULES, kept_legacy_rule
 from cdc_join.debezium.sql import lit
 from cdc_join.errors import ConfigError, InputError
+from cdc_join.paths import URI_SCHEME, glob_escape, local_path
 from cdc_join.storage.base import MergeSpec, Storage
 
 STEPS = ("bronze", "quarantine", "log")
@@ -100,8 +101,6 @@ _IN_PROGRESS = ("_", ".", "+")
 #: A batch of landing files this large or larger is read in splits by several tasks; a smaller
 #: one a file per task (fewer Spark jobs, which is most of a small batch's cost).
 SPLIT_READ_BYTES = 32 * 1024 * 1024
-_GLOB_SPECIAL = re.compile(r"([\\\[\]{}*?])")
-_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 
 StepHook = Callable[[str], None]
 _log = logging.getLogger(__name__)
@@ -441,7 +440,7 @@ def _change(file: LandedFile, logged: Logged) -> str | None:
 
 def _content_md5(file: LandedFile) -> str | None:
     """The MD5 of a local file's bytes; ``None`` for a file on another file system."""
-    local = _local_folder(file.path)
+    local = local_path(file.path)
     if local is None or not os.path.isfile(local):
         return None
     digest = hashlib.md5(usedforsecurity=False)
@@ -525,7 +524,7 @@ def _unreadable(spark: SparkSession, files: Sequence[LandedFile]) -> dict[str, s
     found = {}
     for file in files:
         try:
-            spark.read.text(_glob_escape(file.path), wholetext=True).selectExpr("length(value)").collect()
+            spark.read.text(glob_escape(file.path), wholetext=True).selectExpr("length(value)").collect()
         except Exception as e:
             found[file.name] = _cause(e)
     return found
@@ -890,7 +889,7 @@ def _list_folder(
     """Every file in ``folder`` and its subfolders that is not still being written, by name:
     the landing files and the files a run does not read (other name endings). ``None`` when
     the folder does not exist (yet)."""
-    local = _local_folder(folder)
+    local = local_path(folder)
     if local is not None:
         return _list_local(local, modified_after)
     reader = spark.read.format("binaryFile").option("recursiveFileLookup", "true")
@@ -899,7 +898,7 @@ def _list_folder(
         reader = reader.option("modifiedAfter", at).option("timeZone", "UTC")
     try:
         found = (
-            reader.load(_glob_escape(folder.rstrip("/")))
+            reader.load(glob_escape(folder.rstrip("/")))
             .select("path", "length", (F.unix_micros("modificationTime") // 1000).alias("modified_ms"))
             .collect()
         )
@@ -920,15 +919,7 @@ def _list_folder(
 def _folder_key(folder: str) -> str:
     """What every path under ``folder`` contains right before the file's name in it: the
     folder without scheme and leading slashes, with a trailing slash."""
-    return re.sub(r"^[A-Za-z][A-Za-z0-9+.-]*:", "", folder).strip("/") + "/"
-
-
-def _local_folder(folder: str) -> str | None:
-    """The local path of ``folder``, or ``None`` when it names another file system."""
-    if folder.startswith("file:"):
-        rest = folder[len("file:") :]
-        return "/" + rest.lstrip("/") if rest.startswith("//") else rest
-    return None if _SCHEME.match(folder) else folder
+    return URI_SCHEME.sub("", folder).strip("/") + "/"
 
 
 def _list_local(folder: str, modified_after: datetime | None = None) -> list[LandedFile] | None:
@@ -968,11 +959,6 @@ def _in_progress(name: str) -> bool:
     return any(part.startswith(_IN_PROGRESS) for part in name.split("/"))
 
 
-def _glob_escape(path: str) -> str:
-    """Spark reads paths as Hadoop globs; a file name with ``[`` or ``*`` must not be one."""
-    return _GLOB_SPECIAL.sub(r"\\\1", path)
-
-
 def read_lines(spark: SparkSession, files: Sequence[LandedFile]) -> DataFrame:
     """The lines of ``files`` as ``_file, _line (1-based), value``.
 
@@ -990,7 +976,7 @@ def read_lines(spark: SparkSession, files: Sequence[LandedFile]) -> DataFrame:
         f"WHEN instr(__path, {k}) > 0 THEN substr(__path, instr(__path, {k}) + length({k}))" for k in keys
     )
     name = f"CASE {cases} ELSE regexp_extract(__path, '[^/]*$', 0) END" if cases else "__name"
-    paths = [_glob_escape(f.path) for f in files]
+    paths = [glob_escape(f.path) for f in files]
     if sum(f.size for f in files) < SPLIT_READ_BYTES:
         numbered = _whole_files(spark, paths, path)
     else:

@@ -1,4 +1,4 @@
-"""Data quality of silver after a run, checked with great-expectations (DESIGN.md §1, last box).
+"""Data quality of silver after a run, checked with great-expectations (the last step of a run).
 
 The checks look at what a run touched: the silver rows whose key the run wrote (``_run_id``),
 read from the whole silver table with a keyed semi-join, so a key duplicated by an older row is

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,6 +85,20 @@ class RunReport:
             "spark_jobs": self.spark_jobs,
             "warnings": self.warnings,
         }
+
+    def ingested(self, results: Mapping[str, Any]) -> None:
+        """Record an ingest's results (per source, an :class:`~cdc_join.ingest.IngestReport`)
+        in the ``ingest`` step's counts, and their warnings."""
+        counts = self.steps.setdefault("ingest", {})
+        for name, r in results.items():
+            counts[name] = {"files": r.files, "events": r.events, "quarantined": r.quarantined}
+            if r.reasons:
+                counts[name]["reasons"] = dict(r.reasons)
+            if r.unavailable:
+                counts[name]["unavailable_values"] = dict(r.unavailable)
+            if r.unread:
+                counts[name]["unread_files"] = len(r.unread)
+            self.warnings += r.warnings()
 
     def total(self, key: str) -> int:
         """Sum of one count over all steps."""

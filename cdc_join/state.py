@@ -40,6 +40,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from cdc_join import bronze
 from cdc_join.bronze import Increment
 from cdc_join.changeset import (
     ChangeSet,
@@ -240,6 +241,23 @@ def plan(
     if watermark is not None:
         upserts = upserts.filter(F.col(SEQ) >= F.lit(watermark))
     return SourceChanges(keys, upserts, events, watermark, truncating)
+
+
+def plan_all(
+    storage: Storage, config: PipelineConfig, previous: Checkpoint, versions: Mapping[str, int], run_id: int
+) -> dict[str, SourceChanges]:
+    """:func:`plan` for every source: its bronze increment since ``previous``, up to ``versions``."""
+    return {
+        name: plan(
+            storage,
+            config.state_path(name),
+            config.sources[name],
+            bronze.increment(storage, config, name, previous, versions[name]),
+            Previous.of(previous, name),
+            run_id,
+        )
+        for name in config.sources
+    }
 
 
 def _arrow_keys(

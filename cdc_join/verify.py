@@ -1,15 +1,16 @@
 """Is silver right? A recompute of the join from bronze, compared with silver row for row.
 
-The expected silver comes from bronze alone (DESIGN.md §2): per source, the newest event of
-each key by the sequence rule, deletes and truncates applied (:func:`cdc_join.state.from_events`),
-then the join (:func:`cdc_join.resolve.build_rows`). The pipeline's state and subscription
-tables are not read for it, so a damaged internal table cannot hide a wrong silver: it shows
+The expected silver comes from bronze alone (README.md, "What silver holds"): per source, the
+newest event of each key by the sequence rule, deletes and truncates applied
+(:func:`cdc_join.state.from_events`), then the join (:func:`cdc_join.resolve.build_rows`). The
+pipeline's state and subscription tables are not read for it, so a damaged internal table cannot hide a wrong silver: it shows
 up as a difference. The internal tables are checked against the same recompute as well, since
 a damaged one makes the *next* runs wrong:
 
 - state: every live row of a state table must be the newest event of its key in bronze;
 - subscriptions: every live left row with a foreign key must have its subscription, with its
-  current hash (leftover subscriptions are allowed: they only cost work, see DESIGN.md §3).
+  current hash (leftover subscriptions are allowed: they only cost work, as the stale check
+  drops what they answer).
 
 ``source="state"`` recomputes from the state tables instead: faster, but blind to a damaged
 state table.

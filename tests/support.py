@@ -99,6 +99,8 @@ class PauseAt:
         self._go = threading.Event()
 
     def __call__(self, line: str) -> None:
+        if not (line.startswith("[run ") and line.endswith(" ...")):
+            return  # an ingest's progress, not the start of a step
         name = line.split("] ", 1)[-1].removesuffix(" ...")
         self.steps.append(name)
         if name == self.step and not self._go.is_set():

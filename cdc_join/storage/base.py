@@ -45,9 +45,11 @@ Rules every backend follows (the contract tests in ``tests/contract`` check them
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any, Protocol, runtime_checkable
 
 import pyarrow as pa
@@ -205,3 +207,42 @@ class Storage(Protocol):
     ) -> WriteMetrics: ...
 
     def history(self, path: str, limit: int | None = None) -> list[dict[str, Any]]: ...
+
+
+def normalize_history_entry(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """One commit of :meth:`Storage.history` in the backend-independent shape.
+
+    Keys: ``version`` (int), ``timestamp`` (aware UTC ``datetime``), ``operation`` (str),
+    ``operationParameters`` (dict of str), ``operationMetrics`` (dict; integer-valued metrics
+    as ``int``). Metric names are the backend's own (delta-rs: ``num_target_rows_inserted``,
+    delta-spark: ``numTargetRowsInserted``).
+    """
+    ts = entry.get("timestamp")
+    if isinstance(ts, (int, float)):
+        when: datetime | None = datetime.fromtimestamp(ts / 1000, tz=timezone.utc)
+    elif isinstance(ts, datetime):
+        when = ts if ts.tzinfo else ts.replace(tzinfo=timezone.utc)
+    else:
+        when = None
+    params = {
+        str(k): v if isinstance(v, str) else json.dumps(v)
+        for k, v in (entry.get("operationParameters") or {}).items()
+    }
+    metrics: dict[str, Any] = {}
+    for key, value in (entry.get("operationMetrics") or {}).items():
+        as_int = _int(value) if isinstance(value, (int, str)) and not isinstance(value, bool) else None
+        metrics[str(key)] = as_int if as_int is not None else value
+    return {
+        "version": int(entry["version"]),
+        "timestamp": when,
+        "operation": entry.get("operation"),
+        "operationParameters": params,
+        "operationMetrics": metrics,
+    }
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None

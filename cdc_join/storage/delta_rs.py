@@ -61,7 +61,6 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
-from datetime import datetime, timedelta, timezone
 from typing import Any, Literal
 from urllib.parse import unquote
 
@@ -84,8 +83,6 @@ from pyspark.sql.types import (
     StringType,
     StructField,
     StructType,
-    TimestampNTZType,
-    TimestampType,
 )
 
 from cdc_join.changeset import (
@@ -99,8 +96,10 @@ from cdc_join.changeset import (
     to_arrow,
 )
 from cdc_join.errors import ConcurrentRunError, StorageError
+from cdc_join.paths import has_scheme, local_path
 from cdc_join.schemas import changed_types, conform, merge_schemas, nullable
-from cdc_join.storage.base import FileStats, MergeSpec, WriteMetrics, is_table_name
+from cdc_join.storage.base import FileStats, MergeSpec, WriteMetrics, is_table_name, normalize_history_entry
+from cdc_join.storage.stats import int_or_none, stat_upper_bound
 
 CHANGE_TYPE = "_change_type"
 COMMIT_VERSION = "_commit_version"
@@ -154,14 +153,6 @@ def _guard(expected_version: int | None) -> CommitProperties | None:
     return None if expected_version is None else CommitProperties(max_commit_retries=0)
 
 
-def _strip_file_scheme(uri: str) -> str:
-    """``file:///a/b``, ``file:/a/b`` → ``/a/b``."""
-    rest = uri[len("file:") :]
-    if rest.startswith("//"):
-        rest = rest[2:]
-    return rest
-
-
 def table_root(path: str | os.PathLike[str]) -> str:
     """Normalize a table location: local paths and ``file:`` URIs become absolute local paths.
 
@@ -173,15 +164,13 @@ def table_root(path: str | os.PathLike[str]) -> str:
             f"{text} names a metastore table; tables by name need the delta-spark backend "
             "(Databricks, or Spark with the Delta jars). The delta-rs backend addresses tables by path."
         )
-    if text.startswith("file:"):
-        return os.path.abspath(_strip_file_scheme(text))
-    if "://" in text:
-        return text.rstrip("/")
-    return os.path.abspath(text)
+    local = local_path(text)
+    return text.rstrip("/") if local is None else os.path.abspath(local)
 
 
 def _is_local(root: str) -> bool:
-    return "://" not in root
+    """Whether a table root (see :func:`table_root`) is on the local file system."""
+    return local_path(root) is not None
 
 
 def spark_file_uri(root: str, relative_or_absolute: str) -> str:
@@ -197,10 +186,9 @@ def spark_file_uri(root: str, relative_or_absolute: str) -> str:
         cluster whose default filesystem is not local still reads the local file), else the
         object-store URI.
     """
-    if "://" in relative_or_absolute or relative_or_absolute.startswith("file:"):
-        if relative_or_absolute.startswith("file:"):
-            return "file://" + unquote(_strip_file_scheme(relative_or_absolute))
-        return relative_or_absolute
+    if has_scheme(relative_or_absolute):
+        local = local_path(relative_or_absolute)
+        return relative_or_absolute if local is None else "file://" + unquote(local)
     decoded = unquote(relative_or_absolute)
     if _is_local(root):
         return "file://" + os.path.join(root, decoded)
@@ -209,10 +197,11 @@ def spark_file_uri(root: str, relative_or_absolute: str) -> str:
 
 def _file_key(root: str, file: str) -> str:
     """A comparable key for a data file named in any of the accepted forms."""
-    if file.startswith("file:"):
-        return os.path.normpath(_strip_file_scheme(file))
-    if "://" in file:
+    local = local_path(file)
+    if local is None:
         return file
+    if has_scheme(file):
+        return os.path.normpath(local)
     if os.path.isabs(file):
         return os.path.normpath(file)
     return _file_key(root, spark_file_uri(root, file))
@@ -240,28 +229,6 @@ def change_feed_schema(table_schema: StructType) -> StructType:
     fields = list(nullable_struct(table_schema).fields)
     fields += [StructField(CHANGE_TYPE, StringType(), True), StructField(COMMIT_VERSION, LongType(), True)]
     return StructType(fields)
-
-
-def _to_int(value: Any) -> int | None:
-    if value is None:
-        return None
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None
-
-
-def stat_upper_bound(data_type: DataType, value: Any) -> Any:
-    """A column maximum from the Delta log, made a true upper bound.
-
-    Delta writers (delta-spark and delta-rs alike) store timestamp statistics truncated to
-    milliseconds, so a file's real maximum can exceed the logged one by up to 999 µs.
-    """
-    if value is None:
-        return None
-    if isinstance(data_type, (TimestampType, TimestampNTZType)) and isinstance(value, datetime):
-        return value + timedelta(microseconds=999)
-    return value
 
 
 def _has_null_type(data_type: DataType) -> bool:
@@ -445,38 +412,6 @@ def _needs_insert_filter(dt: DeltaTable, target: pa.Schema) -> bool:
     """Whether a conditional insert hits delta-rs's change-data NOT NULL bug on this table."""
     cdf = dt.metadata().configuration.get("delta.enableChangeDataFeed", "false").lower() == "true"
     return cdf and _has_not_null(target)
-
-
-def normalize_history_entry(entry: Mapping[str, Any]) -> dict[str, Any]:
-    """One commit of :meth:`Storage.history` in the backend-independent shape.
-
-    Keys: ``version`` (int), ``timestamp`` (aware UTC ``datetime``), ``operation`` (str),
-    ``operationParameters`` (dict of str), ``operationMetrics`` (dict; integer-valued metrics
-    as ``int``). Metric names are the backend's own (delta-rs: ``num_target_rows_inserted``,
-    delta-spark: ``numTargetRowsInserted``).
-    """
-    ts = entry.get("timestamp")
-    if isinstance(ts, (int, float)):
-        when: datetime | None = datetime.fromtimestamp(ts / 1000, tz=timezone.utc)
-    elif isinstance(ts, datetime):
-        when = ts if ts.tzinfo else ts.replace(tzinfo=timezone.utc)
-    else:
-        when = None
-    params = {
-        str(k): v if isinstance(v, str) else json.dumps(v)
-        for k, v in (entry.get("operationParameters") or {}).items()
-    }
-    metrics: dict[str, Any] = {}
-    for key, value in (entry.get("operationMetrics") or {}).items():
-        as_int = _to_int(value) if isinstance(value, (int, str)) and not isinstance(value, bool) else None
-        metrics[str(key)] = as_int if as_int is not None else value
-    return {
-        "version": int(entry["version"]),
-        "timestamp": when,
-        "operation": entry.get("operation"),
-        "operationParameters": params,
-        "operationMetrics": metrics,
-    }
 
 
 class DeltaRsStorage:
@@ -862,7 +797,7 @@ class DeltaRsStorage:
                     num_records=None if num_records is None else int(num_records),
                     min_values=mins,
                     max_values=maxs,
-                    null_counts={f.name: _to_int(row.get(f"null_count.{f.name}")) for f in fields},
+                    null_counts={f.name: int_or_none(row.get(f"null_count.{f.name}")) for f in fields},
                 )
             )
         return result
@@ -957,7 +892,7 @@ class DeltaRsStorage:
                 commit_properties=_guard(expected_version),
             )
         metrics = self._metrics_after(path, before_version, before, count_removed_rows=overwrite)
-        return replace(metrics, rows_inserted=_to_int(metrics.extra["metrics"].get("num_added_rows")))
+        return replace(metrics, rows_inserted=int_or_none(metrics.extra["metrics"].get("num_added_rows")))
 
     def merge(
         self, path: str, source: Rows, spec: MergeSpec, *, expected_version: int | None = None
@@ -1005,11 +940,11 @@ class DeltaRsStorage:
             before_version,
             before,
             raw,
-            rows_inserted=_to_int(raw.get("num_target_rows_inserted")),
-            rows_updated=_to_int(raw.get("num_target_rows_updated")),
-            rows_deleted=_to_int(raw.get("num_target_rows_deleted")),
-            files_scanned=_to_int(raw.get("num_target_files_scanned")),
-            files_skipped=_to_int(raw.get("num_target_files_skipped_during_scan")),
+            rows_inserted=int_or_none(raw.get("num_target_rows_inserted")),
+            rows_updated=int_or_none(raw.get("num_target_rows_updated")),
+            rows_deleted=int_or_none(raw.get("num_target_rows_deleted")),
+            files_scanned=int_or_none(raw.get("num_target_files_scanned")),
+            files_skipped=int_or_none(raw.get("num_target_files_skipped_during_scan")),
         )
 
     def _drop_unmatched_uninsertable(
@@ -1058,7 +993,7 @@ class DeltaRsStorage:
             before_version,
             before,
             raw,
-            rows_deleted=_to_int(raw.get("num_deleted_rows")),
+            rows_deleted=int_or_none(raw.get("num_deleted_rows")),
             count_removed_rows=predicate is None,
         )
 
@@ -1108,8 +1043,8 @@ class DeltaRsStorage:
             before_version,
             before,
             raw,
-            files_scanned=_to_int(raw.get("totalConsideredFiles")),
-            files_skipped=_to_int(raw.get("totalFilesSkipped")),
+            files_scanned=int_or_none(raw.get("totalConsideredFiles")),
+            files_skipped=int_or_none(raw.get("totalFilesSkipped")),
         )
 
     def history(self, path: str, limit: int | None = None) -> list[dict[str, Any]]:

@@ -80,47 +80,44 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import date, datetime, timezone
-from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal, localcontext
 from functools import reduce
 from typing import Any
 from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType,
-    BooleanType,
-    ByteType,
     DataType,
-    DateType,
-    DecimalType,
-    DoubleType,
-    FloatType,
-    IntegerType,
-    LongType,
     MapType,
-    ShortType,
-    StringType,
     StructType,
     TimestampNTZType,
-    TimestampType,
 )
 
 from cdc_join.changeset import ChangeSet, Rows, frame_of, to_arrow
 from cdc_join.errors import ConcurrentRunError, StorageError
-from cdc_join.schemas import changed_types, conform, merge_schemas
+from cdc_join.paths import glob_escape, has_scheme, local_path
+from cdc_join.schemas import changed_types, conform, merge_schemas, quote
 from cdc_join.storage.base import (
     DATA_PRESERVING_OPERATIONS,
     FileStats,
     MergeSpec,
     WriteMetrics,
     is_table_name,
+    normalize_history_entry,
     quote_table_name,
 )
-from cdc_join.storage.delta_rs import normalize_history_entry, stat_upper_bound
+from cdc_join.storage.stats import (
+    basename,
+    deleted_rows,
+    file_stats_from_add,
+    file_stats_from_values,
+    int_or_none,
+    ranges_predicate,
+    skipping_ranges,
+)
 
 _log = logging.getLogger(__name__)
 
@@ -137,17 +134,11 @@ _LOG_VERSION = re.compile(r"^(\d{20})\.")
 _CHECKPOINT_FILE = re.compile(
     r"^(\d{20})\.checkpoint(?:\.(\d+)\.(\d+))?(?:\.[0-9A-Fa-f-]+)?\.(?:parquet|json)$"
 )
-_URI_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
-_GLOB_SPECIAL = re.compile(r"([\\*?\[\]{}])")
 _DELETION_VECTORS = "delta.enableDeletionVectors"
 _TYPE_WIDENING = "delta.enableTypeWidening"
 _CHANGE_DATA_FEED = "delta.enableChangeDataFeed"
 # Databricks table properties open-source Delta does not know (DeltaConfigs has no entry).
 _DATABRICKS_ONLY_PROPERTIES = frozenset({"delta.targetfilesize", "delta.tunefilesizesforrewrites"})
-# read(files=...): at most this many columns and ranges per column in the skipping predicate.
-_SKIP_COLUMNS = 2
-_SKIP_RANGES = 32
-_INTEGER_BITS = {ByteType: 8, ShortType: 16, IntegerType: 32, LongType: 64}
 # Snapshots' file lists kept per backend (a keyed read lists a version twice).
 _FILE_LISTS_KEPT = 8
 # OPTIMIZE's target size is a session setting: one OPTIMIZE at a time sets it in this process.
@@ -214,18 +205,13 @@ def _spark_errors(action: str, path: str) -> Iterator[None]:
         raise StorageError(f"Delta (Spark) could not {action} the Delta table at {path}: {first}") from exc
 
 
-def _quote(name: str) -> str:
-    """A column name as a backtick-quoted Spark SQL identifier."""
-    return "`" + name.replace("`", "``") + "`"
-
-
 def _ddl_type(data_type: DataType) -> str:
     """A type as Spark SQL DDL with every nested field name backtick-quoted.
 
     ``simpleString()`` leaves nested names bare (``struct<a-b:int>``), which SQL cannot parse.
     """
     if isinstance(data_type, StructType):
-        fields = ", ".join(f"{_quote(f.name)}: {_ddl_type(f.dataType)}" for f in data_type.fields)
+        fields = ", ".join(f"{quote(f.name)}: {_ddl_type(f.dataType)}" for f in data_type.fields)
         return f"STRUCT<{fields}>"
     if isinstance(data_type, ArrayType):
         return f"ARRAY<{_ddl_type(data_type.elementType)}>"
@@ -234,20 +220,10 @@ def _ddl_type(data_type: DataType) -> str:
     return data_type.simpleString()
 
 
-def _basename(file: str) -> str:
-    return file.rstrip("/").rsplit("/", 1)[-1]
-
-
 def _log_version(file_name: str | None) -> int:
     """The log version a ``_delta_log`` file belongs to (unnumbered files such as sidecars: -1)."""
     match = _LOG_VERSION.match(file_name or "")
     return int(match.group(1)) if match else -1
-
-
-def _glob_escape(path: str) -> str:
-    """``path`` with Hadoop glob characters escaped: Spark's file readers expand globs in every
-    path they are given, and a table folder may contain ``[``, ``{`` or ``*``."""
-    return _GLOB_SPECIAL.sub(r"\\\1", path)
 
 
 def on_databricks() -> bool:
@@ -280,7 +256,7 @@ def _data_file_uri(location: str, add_path: str) -> str:
 
     This is the form ``DataFrame.inputFiles()`` returns, so every way of listing files agrees.
     """
-    if _URI_SCHEME.match(add_path):
+    if has_scheme(add_path):
         return unquote(add_path)
     return location.rstrip("/") + "/" + unquote(add_path)
 
@@ -301,295 +277,7 @@ def _delta_rs_uri(location: str) -> str | None:
     return None
 
 
-def _deleted_rows(table: Any) -> dict[str, int]:
-    """Data file name → rows its deletion vector removes, from a delta-rs table."""
-    if "deletionVectors" not in (table.protocol().reader_features or []):
-        return {}
-    vectors = pa.table(table.deletion_vectors())
-    if not vectors.num_rows:
-        return {}
-    keep = vectors.column("selection_vector").combine_chunks()
-    lengths = pc.list_value_length(keep).to_pylist()
-    flags = pa.table(
-        {"file": pc.list_parent_indices(keep), "kept": pc.cast(pc.list_flatten(keep), pa.int64())}
-    )
-    kept = flags.group_by("file").aggregate([("kept", "sum")])
-    kept_by_file = dict(
-        zip(kept.column("file").to_pylist(), kept.column("kept_sum").to_pylist(), strict=True)
-    )
-    names = vectors.column("filepath").to_pylist()
-    return {
-        _basename(unquote(name)): int(lengths[i] or 0) - int(kept_by_file.get(i) or 0)
-        for i, name in enumerate(names)
-    }
-
-
-def parse_stat(data_type: DataType, value: Any) -> Any:
-    """A value of a Delta ``stats`` JSON (parsed with ``parse_float=Decimal``) as a Python value.
-
-    Types match what delta-rs returns: ``int``, ``float``, ``Decimal``, ``str``, ``bool``,
-    ``date``, aware UTC ``datetime`` for timestamps and naive ``datetime`` for timestamp_ntz.
-    Unparseable values become ``None`` (no statistic rather than a wrong one).
-    """
-    if value is None or isinstance(value, (dict, list)):
-        return None
-    try:
-        if isinstance(data_type, (LongType, IntegerType, ShortType, ByteType)):
-            return int(value)
-        if isinstance(data_type, (DoubleType, FloatType)):
-            return float(value)
-        if isinstance(data_type, DecimalType):
-            return Decimal(str(value))
-        if isinstance(data_type, StringType):
-            return str(value)
-        if isinstance(data_type, BooleanType):
-            return bool(value)
-        if isinstance(data_type, DateType):
-            return date.fromisoformat(str(value))
-        if isinstance(data_type, TimestampType):
-            parsed = datetime.fromisoformat(str(value))
-            if parsed.tzinfo is None:
-                parsed = parsed.replace(tzinfo=timezone.utc)
-            return parsed.astimezone(timezone.utc)
-        if isinstance(data_type, TimestampNTZType):
-            return datetime.fromisoformat(str(value)).replace(tzinfo=None)
-    except (TypeError, ValueError, ArithmeticError):
-        return None
-    return None
-
-
-def _widen_decimal(value: Decimal | None, data_type: DecimalType, *, upper: bool) -> Decimal | None:
-    """Widen a decimal statistic that may have been rounded through a double.
-
-    Some writers (delta-rs) log decimal statistics as JSON doubles, which keep about 15-17
-    significant digits; a wider column's logged value can then sit on either side of the real
-    one. Moving it outwards by the double's relative error (2**-52, with margin) and rounding
-    outwards to the column's scale keeps it a bound whichever writer produced it.
-    """
-    if value is None or data_type.precision <= 15:
-        return value
-    # The default context keeps 28 digits; decimal(38, s) needs more, exactly.
-    with localcontext() as ctx:
-        ctx.prec = 100
-        step = Decimal(1).scaleb(-data_type.scale)
-        slack = abs(value) * Decimal(2) ** -52
-        moved = value + slack if upper else value - slack
-        return moved.quantize(step, rounding=ROUND_CEILING if upper else ROUND_FLOOR)
-
-
-def file_stats_from_add(
-    path: str, size: int | None, stats_json: str | None, dv_cardinality: int | None, schema: StructType
-) -> FileStats:
-    """One :class:`FileStats` from an add action's ``stats`` JSON (see :func:`file_stats_from_values`)."""
-    parsed: dict[str, Any] = {}
-    if stats_json:
-        try:
-            parsed = json.loads(stats_json, parse_float=Decimal)
-        except ValueError:
-            parsed = {}
-    return file_stats_from_values(
-        path,
-        size,
-        parsed.get("numRecords"),
-        dv_cardinality,
-        parsed.get("minValues") or {},
-        parsed.get("maxValues") or {},
-        parsed.get("nullCount") or {},
-        schema,
-    )
-
-
-def file_stats_from_values(
-    path: str,
-    size: int | None,
-    num_records: Any,
-    dv_cardinality: int | None,
-    mins: Mapping[str, Any],
-    maxs: Mapping[str, Any],
-    nulls: Mapping[str, Any],
-    schema: StructType,
-) -> FileStats:
-    """One :class:`FileStats` from an add action's statistics, as JSON values or typed (delta-rs).
-
-    ``num_records`` counts live rows: the physical ``numRecords`` less the rows a deletion
-    vector removes. Minimums are lower and maximums upper bounds: timestamp maximums are
-    widened for millisecond truncation (:func:`cdc_join.storage.delta_rs.stat_upper_bound`)
-    and decimals wider than 15 digits for double rounding (:func:`_widen_decimal`).
-    """
-    live = None
-    if isinstance(num_records, (int, Decimal)) and not isinstance(num_records, bool):
-        live = int(num_records) - int(dv_cardinality or 0)
-    null_counts = {}
-    for f in schema.fields:
-        count = nulls.get(f.name)
-        valid = isinstance(count, (int, Decimal)) and not isinstance(count, bool)
-        null_counts[f.name] = int(count) if valid else None
-    min_values: dict[str, Any] = {}
-    max_values: dict[str, Any] = {}
-    for f in schema.fields:
-        low = parse_stat(f.dataType, mins.get(f.name))
-        high = stat_upper_bound(f.dataType, parse_stat(f.dataType, maxs.get(f.name)))
-        if isinstance(f.dataType, DecimalType):
-            low = _widen_decimal(low, f.dataType, upper=False)
-            high = _widen_decimal(high, f.dataType, upper=True)
-        min_values[f.name] = low
-        max_values[f.name] = high
-    return FileStats(
-        path=path,
-        size_bytes=int(size or 0),
-        num_records=live,
-        min_values=min_values,
-        max_values=max_values,
-        null_counts=null_counts,
-    )
-
-
 # ------------------------------------------------------------------ skipping by file ranges
-
-
-@dataclass(frozen=True)
-class SkipRanges:
-    """A predicate every row of some data files satisfies: ``column`` lies in one of
-    ``intervals`` (closed, sorted, disjoint), or is null when ``nulls``."""
-
-    column: str
-    intervals: tuple[tuple[Any, Any], ...]
-    nulls: bool
-
-
-def _skippable(data_type: DataType) -> bool:
-    """Types whose statistics are exact bounds and compare in Spark as in Python.
-
-    Floating point is left out (NaN and -0.0 order differently), so are collated strings.
-    """
-    if isinstance(data_type, StringType):
-        return data_type == StringType()
-    return isinstance(
-        data_type,
-        (ByteType, ShortType, IntegerType, LongType, DecimalType, DateType, TimestampType, TimestampNTZType),
-    )
-
-
-def _merge_intervals(intervals: list[tuple[Any, Any]], limit: int) -> tuple[tuple[Any, Any], ...]:
-    """Overlapping intervals joined; beyond ``limit``, neighbours joined into ``limit`` spans."""
-    merged: list[tuple[Any, Any]] = []
-    for low, high in sorted(intervals, key=lambda i: i[0]):
-        if merged and low <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], high))
-        else:
-            merged.append((low, high))
-    if len(merged) <= limit:
-        return tuple(merged)
-    per_span = -(-len(merged) // limit)
-    return tuple(
-        (merged[i][0], merged[min(i + per_span, len(merged)) - 1][1]) for i in range(0, len(merged), per_span)
-    )
-
-
-def _outside(file: FileStats, ranges: SkipRanges) -> bool:
-    """Whether Delta's data skipping can prove no row of ``file`` satisfies ``ranges``."""
-    low, high = file.min_values.get(ranges.column), file.max_values.get(ranges.column)
-    if low is None or high is None:
-        return False
-    if ranges.nulls and file.null_counts.get(ranges.column) != 0:
-        return False
-    return all(high < a or low > b for a, b in ranges.intervals)
-
-
-def skipping_ranges(
-    schema: StructType,
-    chosen: Sequence[FileStats],
-    others: Sequence[FileStats],
-    *,
-    max_columns: int = _SKIP_COLUMNS,
-    max_ranges: int = _SKIP_RANGES,
-) -> list[SkipRanges]:
-    """Column ranges that hold for every row of the ``chosen`` files and let Delta skip as many
-    of the ``others`` as possible (columns picked greedily; none if no column skips a file).
-
-    A column qualifies only if every chosen file has both its bounds; nulls are admitted where
-    a chosen file has nulls or does not say.
-    """
-    candidates: list[tuple[SkipRanges, set[str]]] = []
-    for field in schema.fields:
-        if not _skippable(field.dataType):
-            continue
-        name = field.name
-        bounds = [(f.min_values.get(name), f.max_values.get(name)) for f in chosen]
-        if not bounds or any(low is None or high is None for low, high in bounds):
-            continue
-        nulls = any(f.null_counts.get(name) != 0 for f in chosen)
-        try:
-            ranges = SkipRanges(name, _merge_intervals(bounds, max_ranges), nulls)
-            skipped = {f.path for f in others if _outside(f, ranges)}
-        except TypeError:  # statistics of mixed types: not comparable, not usable
-            continue
-        if skipped:
-            candidates.append((ranges, skipped))
-    picked: list[SkipRanges] = []
-    covered: set[str] = set()
-    while candidates and len(picked) < max_columns:
-        best = max(candidates, key=lambda c: len(c[1] - covered))
-        if not best[1] - covered:
-            break
-        picked.append(best[0])
-        covered |= best[1]
-        candidates.remove(best)
-    return picked
-
-
-def _stat_literal(data_type: DataType, value: Any, *, upper: bool) -> Column | None:
-    """A statistic as a literal of the column's own type (no coercion), ``None`` if it has none."""
-    if isinstance(data_type, DecimalType):
-        if not isinstance(value, Decimal) or not value.is_finite():
-            return None
-        with localcontext() as ctx:
-            ctx.prec = 100
-            step = Decimal(1).scaleb(-data_type.scale)
-            exact = value.quantize(step, rounding=ROUND_CEILING if upper else ROUND_FLOOR)
-            if abs(exact) >= Decimal(10) ** (data_type.precision - data_type.scale):
-                return None
-        return F.lit(format(exact, "f")).cast(data_type)
-    if isinstance(data_type, TimestampType) and isinstance(value, datetime):
-        moment = value if value.tzinfo else value.replace(tzinfo=timezone.utc)
-        return F.lit(moment.astimezone(timezone.utc).isoformat()).cast(data_type)
-    if isinstance(data_type, TimestampNTZType) and isinstance(value, datetime):
-        return F.lit(value.replace(tzinfo=None).isoformat()).cast(data_type)
-    if isinstance(data_type, DateType) and isinstance(value, date) and not isinstance(value, datetime):
-        return F.lit(value.isoformat()).cast(data_type)
-    if isinstance(data_type, (ByteType, ShortType, IntegerType, LongType)) and isinstance(value, int):
-        bits = _INTEGER_BITS[type(data_type)]
-        # An out-of-range cast fails the query under ANSI mode (Spark 4's default).
-        return F.lit(value).cast(data_type) if -(2 ** (bits - 1)) <= value < 2 ** (bits - 1) else None
-    if isinstance(data_type, StringType) and isinstance(value, str):
-        try:
-            value.encode("utf-8")  # a lone surrogate cannot reach the JVM
-        except UnicodeEncodeError:
-            return None
-        return F.lit(value)
-    return None
-
-
-def _ranges_predicate(schema: StructType, all_ranges: Sequence[SkipRanges]) -> Column | None:
-    """``all_ranges`` as one Spark predicate (columns whose bounds have no literal are left out)."""
-    conjuncts = []
-    for ranges in all_ranges:
-        data_type = schema[ranges.column].dataType
-        column = F.col(_quote(ranges.column))
-        legs = []
-        for low, high in ranges.intervals:
-            lo = _stat_literal(data_type, low, upper=False)
-            hi = _stat_literal(data_type, high, upper=True)
-            if lo is None or hi is None:
-                legs = []
-                break
-            legs.append((column >= lo) & (column <= hi))
-        if not legs:
-            continue
-        if ranges.nulls:
-            legs.append(column.isNull())
-        conjuncts.append(reduce(lambda a, b: a | b, legs))
-    return reduce(lambda a, b: a & b, conjuncts) if conjuncts else None
 
 
 @dataclass(frozen=True)
@@ -628,7 +316,7 @@ def plan_merge(source_columns: Sequence[str], target_columns: Sequence[str], spe
         star=False,
         evolve=False,
         add_columns=tuple(new_columns) if spec.merge_schema else (),
-        assignments={_quote(c): f"s.{_quote(c)}" for c in written},
+        assignments={quote(c): f"s.{quote(c)}" for c in written},
     )
 
 
@@ -735,14 +423,14 @@ class DeltaSparkStorage:
         checkpoint files (``_last_checkpoint`` cannot be read with Spark: its file index leaves
         out every file whose name starts with ``_``)."""
         try:
-            listing = self.spark.read.format("binaryFile").load(f"{_glob_escape(log)}/*.checkpoint*")
+            listing = self.spark.read.format("binaryFile").load(f"{glob_escape(log)}/*.checkpoint*")
         except _spark_exception_types() as exc:
             if "PATH_NOT_FOUND" in str(exc) or "Path does not exist" in str(exc):
                 return None
             raise StorageError(f"Cannot list the checkpoints of {path}: {exc}") from exc
         with _spark_errors("list the checkpoints of", path):
             # Without the content column binaryFile reads no file, it only lists them.
-            files = [_basename(str(r["path"])) for r in listing.select("path").collect()]
+            files = [basename(str(r["path"])) for r in listing.select("path").collect()]
         parts: dict[int, set[int]] = {}
         complete: set[int] = set()
         for name in files:
@@ -769,7 +457,7 @@ class DeltaSparkStorage:
         ``version=None`` reads the whole log. Returns ``None`` when a bounded read misses a file
         it needs.
         """
-        escaped = _glob_escape(log)
+        escaped = glob_escape(log)
         if version is None:
             frames = self._read_log(path, "json", [f"{escaped}/*.json"], _LOG_ADD_SCHEMA)
             frames += self._read_log(path, "parquet", [f"{escaped}/*.checkpoint*.parquet"], _LOG_ADD_SCHEMA)
@@ -795,9 +483,7 @@ class DeltaSparkStorage:
         sidecars = sorted({r["sidecar"] for r in rows if r["sidecar"] is not None})
         if sidecars:
             patterns = [
-                _glob_escape(unquote(s))
-                if _URI_SCHEME.match(s)
-                else f"{escaped}/_sidecars/{_glob_escape(unquote(s))}"
+                glob_escape(unquote(s)) if has_scheme(s) else f"{escaped}/_sidecars/{glob_escape(unquote(s))}"
                 for s in sidecars
             ]
             found = self._read_log(path, "parquet", patterns, _LOG_ADD_SCHEMA)
@@ -886,7 +572,7 @@ class DeltaSparkStorage:
         if self.exists(path):
             return False
         columns = ", ".join(
-            f"{_quote(f.name)} {_ddl_type(f.dataType)}{'' if f.nullable else ' NOT NULL'}"
+            f"{quote(f.name)} {_ddl_type(f.dataType)}{'' if f.nullable else ' NOT NULL'}"
             for f in schema.fields
         )
         props = {**create_properties(properties, cdf=cdf, databricks=on_databricks()), **_features(schema)}
@@ -923,7 +609,7 @@ class DeltaSparkStorage:
         return self._snapshot(path).schema
 
     def history(self, path: str, limit: int | None = None) -> list[dict[str, Any]]:
-        """Commits newest first (see :func:`cdc_join.storage.delta_rs.normalize_history_entry`)."""
+        """Commits newest first (see :func:`cdc_join.storage.base.normalize_history_entry`)."""
         keys = ("version", "timestamp", "operation", "operationParameters", "operationMetrics")
         return [{k: e[k] for k in keys} for e in self._commits(path, limit)]
 
@@ -1005,10 +691,10 @@ class DeltaSparkStorage:
         raw = commit.get("operationMetrics") or {}
         return WriteMetrics(
             version=int(commit["version"]) if commit else self.version(path),
-            rows_inserted=_int_or_none(raw.get("numOutputRows")),
-            rows_deleted=_int_or_none(raw.get("numDeletedRows")) if mode == "overwrite" else None,
-            files_added=_int_or_none(raw.get("numFiles")),
-            files_removed=_int_or_none(raw.get("numRemovedFiles")) if mode == "overwrite" else 0,
+            rows_inserted=int_or_none(raw.get("numOutputRows")),
+            rows_deleted=int_or_none(raw.get("numDeletedRows")) if mode == "overwrite" else None,
+            files_added=int_or_none(raw.get("numFiles")),
+            files_removed=int_or_none(raw.get("numRemovedFiles")) if mode == "overwrite" else 0,
             extra={"operation": commit.get("operation"), "metrics": dict(raw)},
         )
 
@@ -1025,7 +711,7 @@ class DeltaSparkStorage:
         plan = plan_merge(frame.columns, target_columns, spec)
         if plan.add_columns:
             fields = {f.name: f for f in frame.schema.fields}
-            columns = ", ".join(f"{_quote(c)} {_ddl_type(fields[c].dataType)}" for c in plan.add_columns)
+            columns = ", ".join(f"{quote(c)} {_ddl_type(fields[c].dataType)}" for c in plan.add_columns)
             self._enable_features(path, StructType([fields[c] for c in plan.add_columns]))
             with _spark_errors("add columns to", path):
                 self.spark.sql(f"ALTER TABLE {self._sql_ref(path)} ADD COLUMNS ({columns})")
@@ -1055,13 +741,13 @@ class DeltaSparkStorage:
         self._forget(path)
         commit = self._commit_of(path, None)
         raw = commit.get("operationMetrics") or {} if commit.get("version", before) != before else {}
-        deleted = _int_or_none(raw.get("numDeletedRows"))
+        deleted = int_or_none(raw.get("numDeletedRows"))
         if deleted is None and result and "num_affected_rows" in result[0].asDict():
-            deleted = _int_or_none(result[0]["num_affected_rows"])
+            deleted = int_or_none(result[0]["num_affected_rows"])
         return WriteMetrics(
             version=self.version(path),
             rows_deleted=deleted if deleted is not None else 0,
-            files_added=_int_or_none(raw.get("numAddedFiles")) if raw else 0,
+            files_added=int_or_none(raw.get("numAddedFiles")) if raw else 0,
             files_removed=_removed_files(raw) if raw else 0,
             extra={"operation": commit.get("operation") if raw else None, "metrics": dict(raw)},
         )
@@ -1101,7 +787,7 @@ class DeltaSparkStorage:
         if not self.exists(path):
             raise StorageError(f"No Delta table at {path}")
         before = self.version(path)
-        order = "" if not zorder_by else " ZORDER BY (" + ", ".join(_quote(c) for c in zorder_by) + ")"
+        order = "" if not zorder_by else " ZORDER BY (" + ", ".join(quote(c) for c in zorder_by) + ")"
         size = {} if target_size is None else {_OPTIMIZE_MAX_FILE_SIZE: str(int(target_size))}
         with _spark_errors("optimize", path), _session_confs(self.spark, size):
             row = self.spark.sql(f"OPTIMIZE {self._sql_ref(path)}{order}").head()
@@ -1112,10 +798,10 @@ class DeltaSparkStorage:
         version = self.version(path)
         return WriteMetrics(
             version=version,
-            files_added=_int_or_none(stats.get("numFilesAdded")) if version != before else 0,
-            files_removed=_int_or_none(stats.get("numFilesRemoved")) if version != before else 0,
-            files_scanned=_int_or_none(stats.get("totalConsideredFiles")),
-            files_skipped=_int_or_none(stats.get("totalFilesSkipped")),
+            files_added=int_or_none(stats.get("numFilesAdded")) if version != before else 0,
+            files_removed=int_or_none(stats.get("numFilesRemoved")) if version != before else 0,
+            files_scanned=int_or_none(stats.get("totalConsideredFiles")),
+            files_skipped=int_or_none(stats.get("totalFilesSkipped")),
             extra={"operation": "OPTIMIZE" if version != before else None, "optimize": stats},
         )
 
@@ -1128,7 +814,7 @@ class DeltaSparkStorage:
             if self._table_property(path, _TYPE_WIDENING) != "true":
                 self.spark.sql(f"ALTER TABLE {ref} SET TBLPROPERTIES ('{_TYPE_WIDENING}' = 'true')")
             for parts, dtype in changed:
-                column = ".".join(_quote(p) for p in parts)
+                column = ".".join(quote(p) for p in parts)
                 self.spark.sql(f"ALTER TABLE {ref} ALTER COLUMN {column} TYPE {_ddl_type(dtype)}")
         except _spark_exception_types() as exc:
             _log.info("Delta cannot widen %s in place (%s); the table is rewritten", path, _first_line(exc))
@@ -1226,10 +912,10 @@ class DeltaSparkStorage:
         resolved = self.version(path) if version is None else int(version)
         df = self._snapshot(path, resolved)
         listed = self.files(path, resolved)
-        by_name = {_basename(f.path): f for f in listed}
+        by_name = {basename(f.path): f for f in listed}
         wanted: dict[str, FileStats] = {}
         for file in files:
-            name = _basename(file)
+            name = basename(file)
             if name not in by_name:
                 where = "the latest version" if version is None else f"version {version}"
                 raise StorageError(f"{file} is not a data file of {where} of the Delta table at {path}")
@@ -1240,7 +926,7 @@ class DeltaSparkStorage:
             return df
         others = [f for name, f in by_name.items() if name not in wanted]
         exact = F.col("_metadata.file_name").isin(sorted(wanted))
-        ranges = _ranges_predicate(df.schema, skipping_ranges(df.schema, list(wanted.values()), others))
+        ranges = ranges_predicate(df.schema, skipping_ranges(df.schema, list(wanted.values()), others))
         return df.where(exact if ranges is None else ranges & exact)
 
     def read_arrow(
@@ -1253,7 +939,7 @@ class DeltaSparkStorage:
             with _spark_errors("read", path):
                 return dataset.to_table(columns=None if columns is None else list(columns))
         df = self.read(path, files=files)
-        return to_arrow(df.select(*[_quote(c) for c in columns]) if columns is not None else df)
+        return to_arrow(df.select(*[quote(c) for c in columns]) if columns is not None else df)
 
     def read_rows(
         self,
@@ -1290,7 +976,7 @@ class DeltaSparkStorage:
             meta = table.metadata()
             if meta.partition_columns or meta.configuration.get("delta.columnMapping.mode", "none") != "none":
                 return None
-            if _deleted_rows(table):
+            if deleted_rows(table):
                 return None
             names = [
                 unquote(a) for a in pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()
@@ -1301,15 +987,15 @@ class DeltaSparkStorage:
                 raise
             return None
         if files is not None:
-            present = {_basename(n): n for n in names}
-            missing = [f for f in files if _basename(f) not in present]
+            present = {basename(n): n for n in names}
+            missing = [f for f in files if basename(f) not in present]
             if missing:
                 where = "the latest version" if version is None else f"version {version}"
                 raise StorageError(f"{missing[0]} is not a data file of {where} of the Delta table at {path}")
-            names = [present[_basename(f)] for f in files]
+            names = [present[basename(f)] for f in files]
         import pyarrow.dataset as ds
 
-        paths = [n if _URI_SCHEME.match(n) else os.path.join(root, n) for n in names]
+        paths = [n if has_scheme(n) else os.path.join(root, n) for n in names]
         return ds.dataset(sorted(paths), schema=schema, format="parquet")
 
     def _delta_rs_table(self, root: str, version: int) -> Any:
@@ -1363,7 +1049,7 @@ class DeltaSparkStorage:
                 return None
             schema = StructType.fromJson(json.loads(table.schema().to_json()))
             adds = pa.table(table.get_add_actions(flatten=False)).to_pylist()
-            deleted = _deleted_rows(table)
+            deleted = deleted_rows(table)
         except BaseException as exc:  # any failure here only means: use Spark's log reader
             # delta-rs reports some failures as pyo3's PanicException, which is no Exception.
             if not isinstance(exc, Exception) and type(exc).__name__ != "PanicException":
@@ -1378,7 +1064,7 @@ class DeltaSparkStorage:
                 _data_file_uri(location, add["path"]),
                 add.get("size_bytes"),
                 add.get("num_records"),
-                deleted.get(_basename(unquote(add["path"]))),
+                deleted.get(basename(unquote(add["path"]))),
                 add.get("min") or {},
                 add.get("max") or {},
                 add.get("null_count") or {},
@@ -1395,13 +1081,13 @@ class DeltaSparkStorage:
         with _spark_errors("list the files of", path):
             live = list(df.inputFiles())
         try:
-            adds = self._log_adds(path, version, {_basename(f) for f in live}, location)
+            adds = self._log_adds(path, version, {basename(f) for f in live}, location)
         except StorageError as exc:
             _log.warning("No file statistics for %s, its transaction log cannot be read: %s", path, exc)
             adds = {}
         result = []
         for file in live:
-            add = adds.get(_basename(file))
+            add = adds.get(basename(file))
             if add is None:
                 # No add action left in the readable log: the file is listed without statistics.
                 result.append(file_stats_from_add(file, None, None, None, schema))
@@ -1438,15 +1124,6 @@ class DeltaSparkStorage:
                 feed = reader.load(self._location(path))
             changes = feed.drop(_COMMIT_TIMESTAMP)
         return changes.where(F.lit(False)) if empty else changes
-
-
-def _int_or_none(value: Any) -> int | None:
-    if value is None:
-        return None
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None
 
 
 # ------------------------------------------------------------------ guarded commits
@@ -1533,18 +1210,18 @@ def _merge_metrics(commit: Mapping[str, Any], returned: Mapping[str, Any], versi
         "rows_deleted": ("num_deleted_rows", "numTargetRowsDeleted"),
     }
     rows = {
-        field: _int_or_none(returned[ours] if returned.get(ours) is not None else raw.get(logged))
+        field: int_or_none(returned[ours] if returned.get(ours) is not None else raw.get(logged))
         for field, (ours, logged) in names.items()
     }
     if not raw:
         return WriteMetrics(version=version, files_added=0, files_removed=0, extra={}, **rows)
     # A file that keeps some rows gets a deletion vector instead of a rewrite: its add action
     # is replaced all the same (Delta counts updated vectors in "added").
-    rewritten = _int_or_none(raw.get("numTargetFilesRemoved"))
-    marked = _int_or_none(raw.get("numTargetDeletionVectorsAdded")) or 0
+    rewritten = int_or_none(raw.get("numTargetFilesRemoved"))
+    marked = int_or_none(raw.get("numTargetDeletionVectorsAdded")) or 0
     return WriteMetrics(
         version=int(commit["version"]),
-        files_added=_int_or_none(raw.get("numTargetFilesAdded")),
+        files_added=int_or_none(raw.get("numTargetFilesAdded")),
         files_removed=None if rewritten is None else rewritten + marked,
         extra={"operation": "MERGE", "metrics": raw},
         **rows,
@@ -1553,8 +1230,8 @@ def _merge_metrics(commit: Mapping[str, Any], returned: Mapping[str, Any], versi
 
 def _removed_files(raw: Mapping[str, Any]) -> int | None:
     """Files a DELETE rewrote or gave a deletion vector."""
-    removed = _int_or_none(raw.get("numRemovedFiles"))
-    return None if removed is None else removed + (_int_or_none(raw.get("numDeletionVectorsAdded")) or 0)
+    removed = int_or_none(raw.get("numRemovedFiles"))
+    return None if removed is None else removed + (int_or_none(raw.get("numDeletionVectorsAdded")) or 0)
 
 
 def merge_sql(target: str, view: str, spec: MergeSpec, plan: MergePlan) -> str:
@@ -1617,14 +1294,8 @@ def _first_line(exc: BaseException) -> str:
 
 def _local_log(path: str) -> str | None:
     """The ``_delta_log`` folder of a table on the local file system, else ``None``."""
-    if is_table_name(path):
-        return None
-    text = os.fspath(path)
-    if text.startswith("file:"):
-        text = "/" + text[len("file:") :].lstrip("/")
-    elif _URI_SCHEME.match(text):
-        return None
-    return os.path.join(text, "_delta_log")
+    local = None if is_table_name(path) else local_path(path)
+    return None if local is None else os.path.join(local, "_delta_log")
 
 
 def _local_commits(log: str, limit: int | None) -> list[dict[str, Any]] | None:

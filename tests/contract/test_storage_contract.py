@@ -815,7 +815,7 @@ def test_delta_spark_merge_plan():
 
 
 def test_delta_spark_stats_parsing():
-    from cdc_join.storage.delta_spark import file_stats_from_add
+    from cdc_join.storage.stats import file_stats_from_add
 
     schema = StructType(
         [
@@ -864,7 +864,9 @@ def test_delta_spark_stats_parsing():
 def test_delta_spark_log_reader_matches_delta_rs(spark, tmp_path):
     from deltalake import DeltaTable
 
-    from cdc_join.storage.delta_spark import DeltaSparkStorage, _basename, file_stats_from_add
+    from cdc_join.storage.delta_spark import DeltaSparkStorage
+    from cdc_join.storage.stats import basename as _basename
+    from cdc_join.storage.stats import file_stats_from_add
 
     rs = get_storage(spark, "delta-rs")
     path = str(tmp_path / "t")
@@ -1319,7 +1321,7 @@ def stats(path: str, low, high, nulls=0) -> FileStats:
 
 
 def test_delta_spark_skipping_ranges():
-    from cdc_join.storage.delta_spark import SkipRanges, skipping_ranges
+    from cdc_join.storage.stats import SkipRanges, skipping_ranges
 
     schema = StructType(
         [StructField("id", LongType()), StructField("v", StringType()), StructField("d", DoubleType())]
@@ -1344,7 +1346,8 @@ def test_delta_spark_skipping_ranges():
 
 
 def test_delta_spark_ranges_predicate_keeps_every_row_of_the_chosen_files(spark):
-    from cdc_join.storage.delta_spark import SkipRanges, _ranges_predicate
+    from cdc_join.storage.stats import SkipRanges
+    from cdc_join.storage.stats import ranges_predicate as _ranges_predicate
 
     schema = StructType(
         [
@@ -1381,7 +1384,8 @@ def test_delta_spark_ranges_predicate_keeps_every_row_of_the_chosen_files(spark)
 def test_delta_spark_log_reader_escapes_glob_characters(spark, tmp_path):
     from deltalake import DeltaTable
 
-    from cdc_join.storage.delta_spark import DeltaSparkStorage, _basename
+    from cdc_join.storage.delta_spark import DeltaSparkStorage
+    from cdc_join.storage.stats import basename as _basename
 
     rs = get_storage(spark, "delta-rs")
     plain = tmp_path / "plain"
@@ -1412,7 +1416,8 @@ def test_delta_spark_log_reader_escapes_glob_characters(spark, tmp_path):
 def test_delta_spark_files_from_delta_rs(spark, tmp_path):
     from deltalake import DeltaTable
 
-    from cdc_join.storage.delta_spark import DeltaSparkStorage, _basename
+    from cdc_join.storage.delta_spark import DeltaSparkStorage
+    from cdc_join.storage.stats import basename as _basename
 
     rs = get_storage(spark, "delta-rs")
     path = str(tmp_path / "t")
@@ -1444,7 +1449,7 @@ def test_delta_spark_files_from_delta_rs(spark, tmp_path):
 def test_delta_spark_deleted_rows_from_deletion_vectors():
     import pyarrow as pa
 
-    from cdc_join.storage.delta_spark import _deleted_rows
+    from cdc_join.storage.stats import deleted_rows as _deleted_rows
 
     class Protocol:
         reader_features = ("deletionVectors",)

@@ -1,5 +1,5 @@
 """Property: whatever order, delay, duplication or crashes CDC events come with, silver after
-every completed run equals the join of the current source rows (DESIGN.md §2).
+every completed run equals the join of the current source rows (README.md, "What silver holds").
 
 Three tables: ``lhs`` joined to ``rhs`` on a composite foreign key ``(a, b)`` and to ``rhs2`` on
 ``fk2``, each join inner or left. The generators draw what real data has:
@@ -204,7 +204,7 @@ def _expected_value(value: Any, type_name: str, payload_only: bool) -> Any:
 
 
 def current_rows(delivered: list[dict]) -> dict[str, dict]:
-    """Per table, the current rows the delivered events imply (DESIGN.md §2): per key the
+    """Per table, the current rows the delivered events imply (README.md, "What silver holds"): per key the
     event of greatest (sequence, file, line); a delete or a truncate older than it removes it."""
     newest: dict[tuple, dict] = {}
     truncated: dict[str, tuple] = {}
@@ -223,7 +223,7 @@ def current_rows(delivered: list[dict]) -> dict[str, dict]:
 
 
 def oracle(delivered: list[dict], join_types: tuple[str, str], payload_only: set[str]) -> set[tuple]:
-    """The join of the current rows (DESIGN.md §2)."""
+    """The join of the current rows (README.md, "What silver holds")."""
     current = current_rows(delivered)
     out = set()
     for row in current["lhs"].values():

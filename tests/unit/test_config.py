@@ -1,4 +1,4 @@
-"""Unit tests of cdc_join.config: the pipeline YAML of DESIGN.md §4 (no Spark needed)."""
+"""Unit tests of cdc_join.config: the pipeline YAML (no Spark needed)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ output: orders_enriched
 
 
 def _base() -> dict[str, Any]:
-    """A fresh, valid config (the DESIGN.md §4 example) as a dict to mutate per test."""
+    """A fresh, valid config (the README's example) as a dict to mutate per test."""
     return yaml.safe_load(DESIGN_EXAMPLE)
 
 
@@ -69,7 +69,7 @@ def _fails(path: Path, key: str | None, *, check_paths: bool = True) -> ConfigEr
     return err
 
 
-# -- the DESIGN.md §4 example ----------------------------------------------------------------
+# -- the README's example -------------------------------------------------------------------
 
 
 def test_design_example_loads_into_typed_dataclasses(project: Path) -> None:
