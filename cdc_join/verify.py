@@ -3,9 +3,9 @@
 The expected silver comes from bronze alone (README.md, "What silver holds"): per source, the
 newest event of each key by the sequence rule, deletes and truncates applied
 (:func:`cdc_join.state.from_events`), then the join (:func:`cdc_join.resolve.build_rows`). The
-pipeline's state and subscription tables are not read for it, so a damaged internal table cannot hide a wrong silver: it shows
-up as a difference. The internal tables are checked against the same recompute as well, since
-a damaged one makes the *next* runs wrong:
+pipeline's state and subscription tables are not read for it, so a damaged internal table
+cannot hide a wrong silver: it shows up as a difference. The internal tables are checked
+against the same recompute as well, since a damaged one makes the *next* runs wrong:
 
 - state: every live row of a state table must be the newest event of its key in bronze;
 - subscriptions: every live left row with a foreign key must have its subscription, with its
