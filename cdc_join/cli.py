@@ -188,7 +188,7 @@ def open_pipeline(args: argparse.Namespace, progress: Callable[[str], None] | No
 
     config = load_config(args.config, lake=args.lake or None, tables=parse_tables(args.tables or None))
     if config.quality:  # checked by every command, not only by `check`, which would come too late
-        from cdc_join.quality import parse_quality  # imports great-expectations: only when needed
+        from cdc_join.quality_config import parse_quality  # imports great-expectations: only when needed
 
         parse_quality(config)
     try:

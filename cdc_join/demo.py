@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from cdc_join.config import load_config
-from cdc_join.events import EventWriter
+from cdc_join.event_writer import EventWriter
 from cdc_join.pipeline import Pipeline
 from cdc_join.session import get_spark
 from cdc_join.storage import get_storage

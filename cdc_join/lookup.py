@@ -21,11 +21,11 @@ from pyspark.sql import functions as F
 
 from cdc_join import state, subscription
 from cdc_join.changeset import ChangeSet, materialize_all
+from cdc_join.columns import DELETED, LHS_HASH, SEQ, fk_columns, pk_columns
 from cdc_join.config import JoinConfig, PipelineConfig, SourceConfig
 from cdc_join.schemas import quote, quoted
 from cdc_join.storage import Storage
 from cdc_join.storage.pruning import ScanStats
-from cdc_join.tables import DELETED, LHS_HASH, SEQ, fk_columns, pk_columns
 
 RIGHT = "_right"
 RIGHT_SEQ = "_right_seq"

@@ -41,10 +41,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from cdc_join import state, subscription
+from cdc_join.columns import fk_columns, target_file_size
 from cdc_join.config import PipelineConfig
 from cdc_join.runlog import last_checkpoint
 from cdc_join.storage import FileStats, Storage
-from cdc_join.tables import fk_columns, target_file_size
 
 #: Compact a table when its key ranges overlap more than this on average.
 MAX_OVERLAP = 4.0

@@ -31,13 +31,7 @@ from pyspark.sql.types import BooleanType, StructField, StructType
 
 from cdc_join import lookup, state, subscription
 from cdc_join.changeset import ChangeSet, materialize, one_partition, same_values
-from cdc_join.config import JoinConfig, JoinType, PipelineConfig
-from cdc_join.errors import ConfigError, config_errors
-from cdc_join.lookup import RIGHT, RIGHT_SEQ
-from cdc_join.schemas import quote, quoted
-from cdc_join.state import value_fields
-from cdc_join.storage import Storage
-from cdc_join.tables import (
+from cdc_join.columns import (
     ACTION,
     DELETED,
     HASH,
@@ -48,6 +42,12 @@ from cdc_join.tables import (
     lineage_column,
     pk_columns,
 )
+from cdc_join.config import JoinConfig, JoinType, PipelineConfig
+from cdc_join.errors import ConfigError, config_errors
+from cdc_join.lookup import RIGHT, RIGHT_SEQ
+from cdc_join.schemas import quote, quoted
+from cdc_join.state import value_fields
+from cdc_join.storage import Storage
 
 STALE = "_stale"
 ORPHAN = "_orphan"

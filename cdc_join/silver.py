@@ -31,11 +31,11 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, DataType, MapType, StructField, StructType, VariantType
 
 from cdc_join.changeset import Rows, collect, from_arrow
+from cdc_join.columns import ACTION, RUN_ID, output_columns, silver_key_columns, table_properties
 from cdc_join.config import PipelineConfig
 from cdc_join.errors import ConcurrentRunError
 from cdc_join.schemas import quote, widens_to
 from cdc_join.storage import MergeSpec, Storage
-from cdc_join.tables import ACTION, RUN_ID, output_columns, silver_key_columns, table_properties
 
 
 @dataclass(frozen=True)

@@ -52,13 +52,7 @@ from cdc_join.changeset import (
     one_partition,
     rows_of_struct,
 )
-from cdc_join.config import PipelineConfig, SourceConfig
-from cdc_join.hashing import row_hash_sql
-from cdc_join.report import Step
-from cdc_join.schemas import conform, ddl, quote, quoted
-from cdc_join.storage import Storage
-from cdc_join.storage.pruning import read_keyed
-from cdc_join.tables import (
+from cdc_join.columns import (
     DELETED,
     FILE,
     HASH,
@@ -71,6 +65,12 @@ from cdc_join.tables import (
     pk_columns,
     table_properties,
 )
+from cdc_join.config import PipelineConfig, SourceConfig
+from cdc_join.hashing import row_hash_sql
+from cdc_join.report import Step
+from cdc_join.schemas import conform, ddl, quote, quoted
+from cdc_join.storage import Storage
+from cdc_join.storage.pruning import read_keyed
 
 if TYPE_CHECKING:
     from cdc_join.runlog import Checkpoint

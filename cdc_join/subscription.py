@@ -41,13 +41,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType
 
 from cdc_join.changeset import ChangeSet, arrow_schema, from_arrow, one_partition, same_values
-from cdc_join.config import JoinConfig, JoinType, PipelineConfig, SourceConfig
-from cdc_join.report import Step
-from cdc_join.schemas import quote, quoted
-from cdc_join.state import NEW, OLD
-from cdc_join.storage import Storage
-from cdc_join.storage.pruning import ScanStats, read_keyed
-from cdc_join.tables import (
+from cdc_join.columns import (
     DELETED,
     HASH,
     LHS_HASH,
@@ -58,6 +52,12 @@ from cdc_join.tables import (
     pk_columns,
     table_properties,
 )
+from cdc_join.config import JoinConfig, JoinType, PipelineConfig, SourceConfig
+from cdc_join.report import Step
+from cdc_join.schemas import quote, quoted
+from cdc_join.state import NEW, OLD
+from cdc_join.storage import Storage
+from cdc_join.storage.pruning import ScanStats, read_keyed
 
 INSTRUCTION = "_instruction"
 

@@ -27,12 +27,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, DataType, MapType, StructType
 
 from cdc_join import lookup, resolve, runlog, state, subscription
-from cdc_join.config import PipelineConfig
-from cdc_join.ingest import beyond_lookback, landing_warnings, legacy_warnings, list_folders
-from cdc_join.runlog import Checkpoint
-from cdc_join.schemas import quoted, widens_to
-from cdc_join.storage import Storage
-from cdc_join.tables import (
+from cdc_join.columns import (
     ACTION,
     DELETED,
     FILE,
@@ -47,6 +42,12 @@ from cdc_join.tables import (
     pk_columns,
     silver_key_columns,
 )
+from cdc_join.config import PipelineConfig
+from cdc_join.ingest import beyond_lookback, legacy_warnings
+from cdc_join.landing import landing_warnings, list_folders
+from cdc_join.runlog import Checkpoint
+from cdc_join.schemas import quoted, widens_to
+from cdc_join.storage import Storage
 
 SOURCES = ("bronze", "state")
 

@@ -914,7 +914,7 @@ def data_file(root: Path, file: str) -> Path:
 
 
 def test_create_with_a_databricks_only_property(store, spark, tmp_path, monkeypatch):
-    # Tables are created with delta.targetFileSize (cdc_join.tables); open-source Delta does not
+    # Tables are created with delta.targetFileSize (cdc_join.columns); open-source Delta does not
     # know it and must still create them.
     monkeypatch.delenv("DATABRICKS_RUNTIME_VERSION", raising=False)
     path = str(tmp_path / "t")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cdc_join.events import EventWriter
+from cdc_join.event_writer import EventWriter
 
 _NO_SPARK = textwrap.dedent(
     """

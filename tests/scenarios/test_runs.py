@@ -351,8 +351,8 @@ def test_tables_that_grow_by_a_file_per_run_are_compacted_by_the_maintenance_pol
 def test_a_tombstone_horizon_lets_maintenance_drop_old_deletes_from_state(tmp_path, spark, storage):
     import dataclasses
 
+    from cdc_join.columns import DELETED
     from cdc_join.maintenance import optimize_pipeline
-    from cdc_join.tables import DELETED
 
     pipeline, w = make_pipeline(tmp_path, spark, storage, join_type="left")
     w.write("rhs", [w.upsert("rhs", {"id": 1, "value": "r1"}, 1)])

@@ -13,7 +13,7 @@ from pyspark.logger import PySparkLogger
 from cdc_join import cli
 from cdc_join.config import load_config
 from cdc_join.errors import ConfigError, ConfigErrors
-from cdc_join.events import EventWriter
+from cdc_join.event_writer import EventWriter
 from cdc_join.pipeline import Pipeline
 from tests.support import LHS_RHS_TABLES, make_pipeline, silver_rows
 

@@ -15,11 +15,11 @@ import yaml
 from pyspark.sql import functions as F
 
 from cdc_join import cli
+from cdc_join.columns import RUN
 from cdc_join.config import load_config
 from cdc_join.errors import ConfigError, SourceNotReadyError
 from cdc_join.pipeline import Pipeline
 from cdc_join.report import SimulatedCrash
-from cdc_join.tables import RUN
 from tests.support import make_pipeline, silver_rows
 
 COMPOSITE = {

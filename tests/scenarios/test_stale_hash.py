@@ -11,7 +11,7 @@ from pyspark.sql import functions as F
 
 from cdc_join import lookup, resolve, state
 from cdc_join.changeset import materialize
-from cdc_join.tables import LHS_HASH, WRITTEN
+from cdc_join.columns import LHS_HASH, WRITTEN
 from tests.support import make_pipeline, silver_rows, subscriptions
 
 

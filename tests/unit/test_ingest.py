@@ -19,9 +19,8 @@ from cdc_join.ingest import (
     beyond_lookback,
     ingest_all,
     ingest_source,
-    list_landing,
-    read_lines,
 )
+from cdc_join.landing import list_landing, read_lines
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "debezium"
 CUSTOMERS = "mysql-inventory-customers.schema.jsonl"  # 10 events
@@ -98,9 +97,9 @@ def test_landing_listing_skips_temporary_hidden_and_other_files(spark, landed):
 
 @pytest.mark.parametrize("split_read_bytes", [0, 1 << 30], ids=["in splits", "whole files"])
 def test_lines_are_numbered_exactly_from_one(spark, tmp_path, monkeypatch, split_read_bytes):
-    import cdc_join.ingest as ingest
+    import cdc_join.landing as landing
 
-    monkeypatch.setattr(ingest, "SPLIT_READ_BYTES", split_read_bytes)
+    monkeypatch.setattr(landing, "SPLIT_READ_BYTES", split_read_bytes)
     folder = tmp_path / "landing"
     folder.mkdir()
     (folder / "a b+c.json").write_bytes(b'\xef\xbb\xbf{"n": 1}\r\n\r\n{"n": 3}\r\n')
@@ -120,9 +119,9 @@ def test_lines_are_numbered_exactly_from_one(spark, tmp_path, monkeypatch, split
 def test_malformed_utf8_in_a_line_becomes_the_replacement_character(
     spark, tmp_path, monkeypatch, split_read_bytes
 ):
-    import cdc_join.ingest as ingest
+    import cdc_join.landing as landing
 
-    monkeypatch.setattr(ingest, "SPLIT_READ_BYTES", split_read_bytes)
+    monkeypatch.setattr(landing, "SPLIT_READ_BYTES", split_read_bytes)
     folder = tmp_path / "landing"
     folder.mkdir()
     (folder / "bad.jsonl").write_bytes(b'{"a": "\xff"}\n{"b": 1}\n')
@@ -159,7 +158,7 @@ LINE_CLEANING = [
 
 def test_a_byte_order_mark_and_a_final_cr_are_dropped_and_blank_lines_found_as_the_regex_would(spark):
     from cdc_join.debezium.envelope import _blank
-    from cdc_join.ingest import _without_bom_and_cr
+    from cdc_join.landing import _without_bom_and_cr
 
     rows = [(i, v) for i, (v, _, _) in enumerate(LINE_CLEANING)]
     lines = spark.createDataFrame(rows, "i int, value string")
@@ -412,9 +411,9 @@ def test_a_file_spark_cannot_read_is_quarantined_whole_and_the_others_are_ingest
 @pytest.fixture
 def small_splits(spark, monkeypatch):
     """Files are read in splits of 1 KiB, so a file of a few KiB is read by several tasks."""
-    import cdc_join.ingest as ingest
+    import cdc_join.landing as landing
 
-    monkeypatch.setattr(ingest, "SPLIT_READ_BYTES", 0)  # every batch is read in splits
+    monkeypatch.setattr(landing, "SPLIT_READ_BYTES", 0)  # every batch is read in splits
     keys = ("spark.sql.files.maxPartitionBytes", "spark.sql.files.openCostInBytes")
     saved = {k: spark.conf.get(k) for k in keys}
     for k in keys:
@@ -490,7 +489,7 @@ def test_placeholders_for_values_debezium_could_not_read_are_counted_and_the_run
     """PostgreSQL sends ``__debezium_unavailable_value`` for an unchanged TOASTed column when the
     table's REPLICA IDENTITY is not FULL (as text, base64 bytes, or an array element): silver
     would hold it, so the run report says so, naming the columns, and the events still land."""
-    from cdc_join.ingest import UNAVAILABLE_VALUE
+    from cdc_join.debezium.unavailable import UNAVAILABLE_VALUE
     from cdc_join.pipeline import Pipeline
 
     config = pipeline(tmp_path)
@@ -516,7 +515,7 @@ def test_placeholders_for_values_debezium_could_not_read_are_counted_and_the_run
 def test_unavailable_values_counts_text_bytes_and_text_lists_of_the_after_images():
     import pyarrow as pa
 
-    from cdc_join.ingest import UNAVAILABLE_VALUE, unavailable_values
+    from cdc_join.debezium.unavailable import UNAVAILABLE_VALUE, unavailable_values
 
     ph = UNAVAILABLE_VALUE
     kind = pa.struct(

@@ -20,7 +20,8 @@ from pyspark.sql import functions as F
 from cdc_join import cli
 from cdc_join.config import parse_config
 from cdc_join.errors import ConfigError, ConfigErrors
-from cdc_join.quality import RESULTS_SCHEMA, QualityReport, _check_quarantine, _context, check, parse_quality
+from cdc_join.quality import RESULTS_SCHEMA, QualityReport, _check_quarantine, _context, check
+from cdc_join.quality_config import parse_quality
 from tests.support import make_pipeline
 
 TABLES = {

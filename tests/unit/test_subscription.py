@@ -10,6 +10,7 @@ import pytest
 from pyspark.sql.types import DoubleType, LongType, StringType, StructField, StructType
 
 from cdc_join.changeset import ChangeSet, arrow_schema
+from cdc_join.columns import LHS_HASH
 from cdc_join.config import JoinConfig, JoinType, SourceConfig
 from cdc_join.state import NEW, OLD, changes_schema, state_schema
 from cdc_join.subscription import (
@@ -20,7 +21,6 @@ from cdc_join.subscription import (
     instructions,
     prepare,
 )
-from cdc_join.tables import LHS_HASH
 
 NAN = float("nan")
 DELETE_AND_PROPAGATE = Instruction.DELETE_KEY_AND_PROPAGATE.value
