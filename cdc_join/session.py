@@ -6,6 +6,7 @@ import contextlib
 import logging
 import os
 import tempfile
+import warnings
 from collections.abc import Iterator
 
 from pyspark.sql import SparkSession
@@ -98,7 +99,10 @@ def get_spark(
     for key, value in conf.items():
         builder = builder.config(key, value)
     try:
-        with _jvm_output_to(JVM_LOG) if quiet else contextlib.nullcontext():
+        with _jvm_output_to(JVM_LOG) if quiet else contextlib.nullcontext(), warnings.catch_warnings():
+            # A local Connect server starts with every setting; the client then also tries to
+            # set each on its session, and warns for those only a start can set (the jars).
+            warnings.filterwarnings("ignore", message="Failed to set spark\\.", category=UserWarning)
             spark = builder.getOrCreate()
     except Exception as exc:
         if "spark.jars.packages" not in conf or "JAVA_GATEWAY_EXITED" not in str(exc):
