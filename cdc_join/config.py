@@ -359,15 +359,7 @@ def parse_config(
     aliases = None if left is None or broken or joins_broken else {left, *(j.alias for j in joins)}
     select = p.value(lambda: _select(_required(raw, "select", ""), aliases, p), ())
     output = p.value(lambda: _name(_required(raw, "output", ""), "output"))
-    quality = raw.get("quality") or {}
-    if not isinstance(quality, Mapping):
-        p.found.append(ConfigError("must be a mapping", key="quality"))
-        quality = {}
-    on_quarantine = raw.get("on_quarantine", "fail")
-    if on_quarantine not in ON_QUARANTINE:
-        p.found.append(
-            ConfigError(f"must be one of {list(ON_QUARANTINE)}, got {on_quarantine!r}", key="on_quarantine")
-        )
+    quality, on_quarantine = _quality(raw, p), _on_quarantine(raw, p)
     horizon = p.value(lambda: _positive(raw, "tombstone_horizon_days", "days", float("inf")))
     lookback = p.value(lambda: _positive(raw, "landing_lookback_hours", "hours", 1e6))
     p.raise_found()
@@ -386,6 +378,24 @@ def parse_config(
         tombstone_horizon_days=horizon,
         landing_lookback_hours=lookback,
     )
+
+
+def _quality(raw: Mapping[str, Any], p: Problems) -> Mapping[str, Any]:
+    """The ``quality:`` section as given (:mod:`cdc_join.quality_config` reads it)."""
+    quality = raw.get("quality") or {}
+    if not isinstance(quality, Mapping):
+        p.found.append(ConfigError("must be a mapping", key="quality"))
+        return {}
+    return quality
+
+
+def _on_quarantine(raw: Mapping[str, Any], p: Problems) -> str:
+    on_quarantine = raw.get("on_quarantine", "fail")
+    if on_quarantine not in ON_QUARANTINE:
+        p.found.append(
+            ConfigError(f"must be one of {list(ON_QUARANTINE)}, got {on_quarantine!r}", key="on_quarantine")
+        )
+    return str(on_quarantine)
 
 
 def _lake(raw: Mapping[str, Any], tables: str | None, base: Path, *, required: bool = True) -> str:

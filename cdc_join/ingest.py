@@ -244,23 +244,16 @@ def ingest_source(
     missing: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> IngestReport:
-    """Ingest the landing files of one source that the ingest log does not name yet.
+    """Ingest the landing files of one source that the ingest log does not name yet; return
+    the counts (all zero when there was nothing new).
 
     Args:
-        spark: the session.
-        storage: the Delta backend.
-        config: the pipeline.
-        source_name: a source with a ``landing`` folder.
         after_step: called with each name of :data:`STEPS` after that write; an exception it
             raises stops the ingest there (tests use it to simulate a crash).
         done: what the ingest log records of this source's files, when the caller has read it.
         listed: the source's landing files, when the caller has listed them (then ``unread``
-            names the folder's other files, which the report lists, and ``missing`` says the
-            folder does not exist).
+            names the folder's other files, and ``missing`` says the folder does not exist).
         progress: called with a line before and after parsing new files (for long ingests).
-
-    Returns:
-        Counts of this run (all zero when there was nothing new).
 
     Raises:
         InputError: the source has no landing folder, a file it already ingested has changed,
@@ -272,34 +265,24 @@ def ingest_source(
         raise InputError(f"source {source_name!r} has no landing folder to ingest")
     if listed is None:
         found = list_folder(spark, source.landing, _listing_since(storage, config))
-        listed = landing_files(found)
-        unread = unread_files(found)
-        missing = found is None
+        listed, unread, missing = landing_files(found), unread_files(found), found is None
     if done is None:
         done = _logged(storage, config, {source_name: listed}).get(source_name, {})
     _fail_on_changed_files(source_name, listed, done)
     pending = [f for f in listed if f.name not in done]
-    if pending and progress is not None:
-        size = sum(f.size for f in pending) / 1e6
-        progress(f"  ingest {source_name}: {len(pending)} new file(s), {size:.1f} MB ...")
+    say = _Progress(source_name, progress if pending else None, started)
+    say.before(pending)
     counts, reasons, unavailable, rule = (
         _ingest_files(spark, storage, config, source_name, pending, after_step)
         if pending
         else ({}, {}, {}, "")
     )
     total = _FileCounts(*(sum(column) for column in zip(*(astuple(c) for c in counts.values()), strict=True)))
-    if pending and progress is not None:
-        progress(
-            f"  ingest {source_name}: {total.events} events, {total.quarantined} quarantined, "
-            f"{time.monotonic() - started:.1f}s"
-        )
+    say.after(total)
     return IngestReport(
-        source=source_name,
-        files=len(pending),
-        lines=total.lines,
-        events=total.events,
-        tombstones=total.tombstones,
-        quarantined=total.quarantined,
+        source_name,
+        len(pending),
+        *(total.lines, total.events, total.tombstones, total.quarantined),
         seconds=time.monotonic() - started,
         reasons=reasons,
         unavailable=unavailable,
@@ -307,6 +290,27 @@ def ingest_source(
         missing_folder=source.landing if missing else None,
         legacy_sequence=rule if rule in LEGACY_RULES.values() else None,
     )
+
+
+@dataclass(frozen=True)
+class _Progress:
+    """The lines a long ingest prints before and after its files (``say`` None: none)."""
+
+    source: str
+    say: Callable[[str], None] | None
+    started: float
+
+    def before(self, pending: Sequence[LandedFile]) -> None:
+        if self.say is not None:
+            size = sum(f.size for f in pending) / 1e6
+            self.say(f"  ingest {self.source}: {len(pending)} new file(s), {size:.1f} MB ...")
+
+    def after(self, total: _FileCounts) -> None:
+        if self.say is not None:
+            self.say(
+                f"  ingest {self.source}: {total.events} events, {total.quarantined} quarantined, "
+                f"{time.monotonic() - self.started:.1f}s"
+            )
 
 
 def _fail_on_changed_files(

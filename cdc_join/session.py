@@ -88,33 +88,45 @@ def get_spark(
         builder = SparkSession.builder.appName(app_name).master(
             os.environ.get("CDC_JOIN_SPARK_MASTER", "local[2]")
         )
-    conf: dict[str, str] = {}
-    if not remote or not remote.startswith("sc://"):  # a server started here takes the defaults
-        conf = {**LOCAL_DEFAULTS, **(extra_conf or {})}
-        if remote:  # a Connect client cannot set these on its session
-            conf = {k: v for k, v in conf.items() if k not in _STARTUP_ONLY}
-        wanted = storage if storage is not None else os.environ.get("CDC_JOIN_STORAGE", "")
-        if (wanted or "").strip().lower() == "delta-spark":
-            conf.update(delta_jars.session_conf(conf))
+    conf = _local_conf(remote, extra_conf, storage)
     for key, value in conf.items():
         builder = builder.config(key, value)
+    spark = _start(builder, conf, quiet)
+    if quiet:
+        quiet_query_context_logs()
+    if not remote:
+        spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def _local_conf(remote: str | None, extra_conf: dict[str, str] | None, storage: str | None) -> dict[str, str]:
+    """The settings of a session (or local Connect server) started here; none for a remote
+    Connect server, which has its own."""
+    if remote and remote.startswith("sc://"):
+        return {}
+    conf = {**LOCAL_DEFAULTS, **(extra_conf or {})}
+    if remote:  # a Connect client cannot set these on its session
+        conf = {k: v for k, v in conf.items() if k not in _STARTUP_ONLY}
+    wanted = storage if storage is not None else os.environ.get("CDC_JOIN_STORAGE", "")
+    if (wanted or "").strip().lower() == "delta-spark":
+        conf.update(delta_jars.session_conf(conf))
+    return conf
+
+
+def _start(builder: SparkSession.Builder, conf: dict[str, str], quiet: bool) -> SparkSession:
+    """``builder.getOrCreate()``; a start that could not get the Delta jars says so in one line."""
     try:
         with _jvm_output_to(JVM_LOG) if quiet else contextlib.nullcontext(), warnings.catch_warnings():
             # A local Connect server starts with every setting; the client then also tries to
             # set each on its session, and warns for those only a start can set (the jars).
             warnings.filterwarnings("ignore", message="Failed to set spark\\.", category=UserWarning)
-            spark = builder.getOrCreate()
+            return builder.getOrCreate()
     except Exception as exc:
         if "spark.jars.packages" not in conf or "JAVA_GATEWAY_EXITED" not in str(exc):
             raise
         raise StorageError(
             delta_jars.failure_hint(conf["spark.jars.packages"], JVM_LOG if quiet else None)
         ) from exc
-    if quiet:
-        quiet_query_context_logs()
-    if not remote:
-        spark.sparkContext.setLogLevel("ERROR")
-    return spark
 
 
 #: PySpark's loggers that print every analysis error as JSON with its Java stack trace when the

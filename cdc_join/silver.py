@@ -317,22 +317,7 @@ def differences(storage: Storage, config: PipelineConfig, rows: DataFrame) -> Da
     have = {f.name: f.dataType for f in silver.schema.fields}
     types = {f.name: f.dataType for f in rows.schema.fields}
     by_key = Window.partitionBy(*[F.col(quote(k)) for k in keys])
-    if columns and all(have.get(c) == types[c] for c in columns):
-        # Silver's side is narrowed to its key and a fingerprint of its values: the join then
-        # moves the wide rows of one side only. Silver was widened to these types (prepare).
-        current = silver.select(*[F.col(quote(k)) for k in keys], _fingerprint(columns, have).alias("__s"))
-        mine = _fingerprint(columns, types)
-    else:
-        # A column silver lacks or holds in another type: compare value by value.
-        current = silver.select(
-            *[F.col(quote(k)) for k in keys],
-            *[
-                _comparable(F.col(quote(c)), have[c]).alias(f"__s{i}")
-                for i, c in enumerate(columns)
-                if c in have
-            ],
-        )
-        mine = None
+    current, differs = _compared_values(silver, keys, columns, have, types)
     # Silver's rows with how many rows hold their key (a key held twice, written by hand or by
     # another tool, is rewritten whatever its values). A window, not a grouping: it sorts by
     # the key as the join below does, so the join reuses that sort, and no aggregate has to
@@ -340,19 +325,6 @@ def differences(storage: Storage, config: PipelineConfig, rows: DataFrame) -> Da
     current = current.withColumn(COPIES, F.count(F.lit(1)).over(by_key))
     joined = rows.join(current, keys, "full_outer")
     present, in_rows = F.col(COPIES).isNotNull(), F.col(ACTION).isNotNull()
-    if mine is not None:
-        differs = ~mine.eqNullSafe(F.col("__s"))
-    else:
-        differs = functools.reduce(
-            operator.or_,
-            [
-                ~_comparable(F.col(quote(c)), types[c]).eqNullSafe(F.col(f"__s{i}"))
-                if c in have
-                else F.lit(True)
-                for i, c in enumerate(columns)
-            ],
-            F.lit(False),
-        )
     upsert = in_rows & (F.col(ACTION) == "upsert") & (~present | differs | (F.col(COPIES) > 1))
     delete = present & (~in_rows | (F.col(ACTION) == "delete"))
     action = F.when(upsert, F.lit("upsert")).when(delete, F.lit("delete"))
@@ -360,6 +332,36 @@ def differences(storage: Storage, config: PipelineConfig, rows: DataFrame) -> Da
     return kept.select(
         *[F.col(quote(c)) for c in rows.columns], F.coalesce(F.col(COPIES), F.lit(0)).alias(COPIES)
     )
+
+
+def _compared_values(
+    silver: DataFrame,
+    keys: Sequence[str],
+    columns: Sequence[str],
+    have: Mapping[str, DataType],
+    types: Mapping[str, DataType],
+) -> tuple[DataFrame, Column]:
+    """Silver's side of :func:`differences` (its key and what its values are compared by), and
+    the condition that a joined row's values differ from silver's."""
+    if columns and all(have.get(c) == types[c] for c in columns):
+        # Silver's side is narrowed to its key and a fingerprint of its values: the join then
+        # moves the wide rows of one side only. Silver was widened to these types (prepare).
+        current = silver.select(*[F.col(quote(k)) for k in keys], _fingerprint(columns, have).alias("__s"))
+        return current, ~_fingerprint(columns, types).eqNullSafe(F.col("__s"))
+    # A column silver lacks or holds in another type: compare value by value.
+    current = silver.select(
+        *[F.col(quote(k)) for k in keys],
+        *[_comparable(F.col(quote(c)), have[c]).alias(f"__s{i}") for i, c in enumerate(columns) if c in have],
+    )
+    differs = functools.reduce(
+        operator.or_,
+        [
+            ~_comparable(F.col(quote(c)), types[c]).eqNullSafe(F.col(f"__s{i}")) if c in have else F.lit(True)
+            for i, c in enumerate(columns)
+        ],
+        F.lit(False),
+    )
+    return current, differs
 
 
 def _fingerprint(columns: Sequence[str], types: Mapping[str, DataType]) -> Column:

@@ -244,50 +244,14 @@ def verify(
     try:
         landing = list_folders(storage.spark, config)
         notes = landing_warnings(config, landing) + legacy_warnings(storage, config)
-        if storage.exists(config.silver_path):
-            stored = storage.read(config.silver_path)
-            have = {f.name: f.dataType for f in stored.schema.fields}
-            absent = [c for c in columns if c not in have]
-            retyped = [c for c in columns if c in have and not _compares_as(have[c], types[c])]
-            if absent:
-                notes.append(
-                    f"silver has no column {', '.join(absent)}: its definition changed since the last "
-                    "run; the next run recomputes it"
-                )
-            if retyped:
-                held = ", ".join(f"{have[c].simpleString()}, not {types[c].simpleString()}" for c in retyped)
-                notes.append(
-                    f"silver's column {', '.join(retyped)} has another type than its definition gives "
-                    f"({held}): the next run recomputes it"
-                )
-            # A column silver lacks or holds in a type the definition no longer gives compares as
-            # NULL (every row with a value differs); a narrower type compares by its values.
-            actual = _comparable(
-                stored.select(
-                    *[
-                        F.lit(None).cast(types[c]).alias(c)
-                        if c in absent or c in retyped
-                        else F.col(f"`{c}`").alias(c)
-                        if have[c] == types[c]
-                        else F.col(f"`{c}`").cast(types[c]).alias(c)
-                        for c in columns
-                    ]
-                )
-            )
-        else:
-            actual = expected.limit(0)
+        actual = (
+            _silver_as_defined(storage, config, columns, types, notes)
+            if storage.exists(config.silver_path)
+            else expected.limit(0)
+        )
         joined = _compared(expected, actual, keys).cache()
         cached.append(joined)
-        silver = {
-            "expected": expected,
-            "silver": actual,
-            "missing": joined.filter("__n IS NULL").select(*quoted(keys), "__e"),
-            "extra": joined.filter("__e IS NULL").select(*quoted(keys), F.col("__a").alias("silver")),
-            "different": joined.filter("__e IS NOT NULL AND __n IS NOT NULL AND NOT (__e <=> __a)").select(
-                *quoted(keys), F.col("__e").alias("expected"), F.col("__a").alias("silver")
-            ),
-            "duplicated": joined.filter("__n > 1").select(*quoted(keys), F.col("__n").alias("copies")),
-        }
+        silver = _silver_differences(expected, actual, joined, keys)
         internal = _internal_differences(storage, config, current, checkpoint) if source == "bronze" else {}
         counts = _count_all({**silver, **internal})
         shown = [
@@ -300,11 +264,7 @@ def verify(
         for frame in cached:
             frame.unpersist()
     return VerifyReport(
-        expected_rows=counts["expected"],
-        silver_rows=counts["silver"],
-        missing=counts["missing"],
-        extra=counts["extra"],
-        different=counts["different"],
+        *(counts["expected"], counts["silver"], counts["missing"], counts["extra"], counts["different"]),
         samples=tuple(shown),
         duplicated=counts["duplicated"],
         notes=tuple(notes),
@@ -318,6 +278,61 @@ def verify(
             for name, files in beyond_lookback(storage.spark, storage, config, landing).items()
         },
     )
+
+
+def _silver_as_defined(
+    storage: Storage,
+    config: PipelineConfig,
+    columns: list[str],
+    types: Mapping[str, DataType],
+    notes: list[str],
+) -> DataFrame:
+    """Silver's key and select columns, comparable with the expected rows. A column silver
+    lacks or holds in a type the definition no longer gives compares as NULL (every row with a
+    value differs; ``notes`` says why); a narrower type compares by its values."""
+    stored = storage.read(config.silver_path)
+    have = {f.name: f.dataType for f in stored.schema.fields}
+    absent = [c for c in columns if c not in have]
+    retyped = [c for c in columns if c in have and not _compares_as(have[c], types[c])]
+    if absent:
+        notes.append(
+            f"silver has no column {', '.join(absent)}: its definition changed since the last "
+            "run; the next run recomputes it"
+        )
+    if retyped:
+        held = ", ".join(f"{have[c].simpleString()}, not {types[c].simpleString()}" for c in retyped)
+        notes.append(
+            f"silver's column {', '.join(retyped)} has another type than its definition gives "
+            f"({held}): the next run recomputes it"
+        )
+    return _comparable(
+        stored.select(
+            *[
+                F.lit(None).cast(types[c]).alias(c)
+                if c in absent or c in retyped
+                else F.col(f"`{c}`").alias(c)
+                if have[c] == types[c]
+                else F.col(f"`{c}`").cast(types[c]).alias(c)
+                for c in columns
+            ]
+        )
+    )
+
+
+def _silver_differences(
+    expected: DataFrame, actual: DataFrame, joined: DataFrame, keys: list[str]
+) -> dict[str, DataFrame]:
+    """The frames whose counts a verify reports: both sides, and each kind of difference."""
+    return {
+        "expected": expected,
+        "silver": actual,
+        "missing": joined.filter("__n IS NULL").select(*quoted(keys), "__e"),
+        "extra": joined.filter("__e IS NULL").select(*quoted(keys), F.col("__a").alias("silver")),
+        "different": joined.filter("__e IS NOT NULL AND __n IS NOT NULL AND NOT (__e <=> __a)").select(
+            *quoted(keys), F.col("__e").alias("expected"), F.col("__a").alias("silver")
+        ),
+        "duplicated": joined.filter("__n > 1").select(*quoted(keys), F.col("__n").alias("copies")),
+    }
 
 
 def _compares_as(held: DataType, wanted: DataType) -> bool:
