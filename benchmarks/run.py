@@ -332,6 +332,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, default=Path("results.json"))
     parser.add_argument("--work", type=Path, default=None, help="working folder (default: a temporary one)")
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument(
+        "--storage",
+        choices=["delta-rs", "delta-spark"],
+        default="delta-rs",
+        help="storage backend of the pipeline and of the full-refresh baseline",
+    )
     parser.add_argument("--optimize", action="store_true", help="run `optimize` after the initial load")
     parser.add_argument(
         "--plan",
@@ -355,8 +361,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     work = args.work or Path(tempfile.mkdtemp(prefix="cdc_join_bench_"))
     work.mkdir(parents=True, exist_ok=True)
-    # Initial loads and recomputes move whole tables through the driver (Spark → Arrow → delta-rs).
-    # Keyed reads hand Spark up to hundreds of small files: list them on the driver, not in a job.
+    # Initial loads and recomputes move whole tables through the driver on delta-rs (Spark →
+    # Arrow → delta-rs). Keyed reads hand Spark up to hundreds of small files: list them on the
+    # driver, not in a job.
     spark = get_spark(
         "cdc_join-benchmark",
         {
@@ -364,8 +371,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "spark.driver.maxResultSize": "6g",
             "spark.sql.sources.parallelPartitionDiscovery.threshold": "100000",
         },
+        storage=args.storage,
     )
-    storage = get_storage(spark, "delta-rs")
+    storage = get_storage(spark, args.storage)
 
     def progress(line: str) -> None:
         print(line, flush=True)
@@ -378,6 +386,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         done = [*scales, partial] if partial else scales
         out = {
             "machine": machine(),
+            "storage": storage.name,
             "command": command,
             "results": [r for s in done for r in s["results"]],
             "scales": done,

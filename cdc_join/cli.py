@@ -21,7 +21,7 @@ import dataclasses
 import json
 import sys
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from cdc_join import __version__
@@ -29,6 +29,8 @@ from cdc_join.cost import PLANS
 from cdc_join.errors import CdcJoinError, ConcurrentRunError, ConfigError, ConfigErrors, InputError
 
 OK, DIFFERENCES, CONFIG_ERROR, DATA_PROBLEM, BUSY, FAILURE = 0, 1, 2, 3, 4, 5
+#: The shape of every ``--json`` document; it grows when a field changes meaning or goes.
+JSON_SCHEMA_VERSION = 1
 STORAGES = ("auto", "delta-rs", "delta-spark")
 
 
@@ -128,6 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
     quarantine = command("quarantine", "list quarantined lines: file, line, reason and raw text")
     quarantine.add_argument("--source", default=None, help="only this source")
     quarantine.add_argument("--limit", type=int, default=20, help="at most this many lines (default 20)")
+    command("status", "the last runs, an unfinished one, each source's lag and quarantine, table sizes")
+    command("plan", "what the next run would do and why, without writing anything")
     demo = command("demo", "run a self-contained example on the Debezium tutorial's inventory data")
     demo.add_argument("--dir", default=None, help="working folder (default: a new temporary folder)")
     return parser
@@ -162,7 +166,11 @@ class _Printer:
 
     def result(self, text: str, document: Any = None) -> None:
         if self.args.json:
-            print(json.dumps(document, default=str, sort_keys=True))
+            # One document, whatever the command: its fields, with the command and the version
+            # of this shape (a list is the document's "items").
+            body = document if isinstance(document, Mapping) else {"items": document}
+            shaped = {**body, "command": self.args.command, "schema_version": JSON_SCHEMA_VERSION}
+            print(json.dumps(shaped, default=str, sort_keys=True))
         else:
             print(text)
 
@@ -254,8 +262,32 @@ def _quarantine(args: argparse.Namespace, say: _Printer) -> int:
     return OK
 
 
+def _status(args: argparse.Namespace, say: _Printer) -> int:
+    from cdc_join.status import status
+
+    pipeline = _pipeline(args, say)
+    found = status(pipeline.storage, pipeline.config)
+    say.result(found.summary(), found.as_dict())
+    return OK
+
+
+def _plan(args: argparse.Namespace, say: _Printer) -> int:
+    from cdc_join.status import next_run
+
+    pipeline = _pipeline(args, say)
+    found = next_run(pipeline.storage, pipeline.config)
+    say.result(found.summary(), found.as_dict())
+    return OK
+
+
 def _demo(args: argparse.Namespace, say: _Printer) -> int:
     from cdc_join.demo import run_demo
+
+    for option in ("json", "lake", "tables"):
+        if getattr(args, option):
+            raise ConfigError(
+                f"demo writes its own pipeline and prints a walkthrough: --{option} does not apply"
+            )
 
     run_demo(args.dir, quiet=not args.debug, storage=args.storage)
     return OK
@@ -268,6 +300,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, _Printer], int]] = {
     "check": _check,
     "optimize": _optimize,
     "quarantine": _quarantine,
+    "status": _status,
+    "plan": _plan,
     "demo": _demo,
 }
 

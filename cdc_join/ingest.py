@@ -213,7 +213,7 @@ def ingest_all(
     """
     found = list_folders(spark, config, _listing_since(storage, config))
     listed = {name: landing_files(files) for name, files in found.items()}
-    done = _logged(storage, config, listed)
+    done = logged_files(storage, config, listed)
     return {
         name: ingest_source(
             spark,
@@ -267,7 +267,7 @@ def ingest_source(
         found = list_folder(spark, source.landing, _listing_since(storage, config))
         listed, unread, missing = landing_files(found), unread_files(found), found is None
     if done is None:
-        done = _logged(storage, config, {source_name: listed}).get(source_name, {})
+        done = logged_files(storage, config, {source_name: listed}).get(source_name, {})
     _fail_on_changed_files(source_name, listed, done)
     pending = [f for f in listed if f.name not in done]
     say = _Progress(source_name, progress if pending else None, started)
@@ -693,14 +693,14 @@ def beyond_lookback(
             continue
         files = list_landing(spark, source.landing) if found is None else landing_files(found.get(name))
         old = [f for f in files if f.modified_ms is not None and f.modified_ms < cutoff]
-        logged = _logged(storage, config, {name: old}).get(name, {})
+        logged = logged_files(storage, config, {name: old}).get(name, {})
         missing = [f.name for f in old if f.name not in logged]
         if missing:
             out[name] = missing
     return out
 
 
-def _logged(
+def logged_files(
     storage: Storage, config: PipelineConfig, listed: Mapping[str, Sequence[LandedFile]]
 ) -> dict[str, dict[str, Logged]]:
     """Per source, what the ingest log records of the ``listed`` files.

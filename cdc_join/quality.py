@@ -43,9 +43,7 @@ from typing import Any
 import great_expectations as gx
 import pandas as pd
 import pyarrow as pa
-from great_expectations.core.expectation_suite import ExpectationSuite
-from great_expectations.data_context.types.base import ProgressBarsConfig
-from great_expectations.expectations.expectation import Expectation
+from great_expectations.expectations import Expectation
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType, TimestampType
@@ -54,7 +52,15 @@ from cdc_join.changeset import arrow_schema, from_arrow
 from cdc_join.columns import DELETED, RUN_ID, TS_MS, silver_key_columns
 from cdc_join.config import JoinType, PipelineConfig
 from cdc_join.errors import ConfigError
-from cdc_join.quality_config import COLUMN_KWARGS, FAIL, WARN, QualitySettings, parse_quality
+from cdc_join.quality_config import (
+    COLUMN_KWARGS,
+    FAIL,
+    GX_SEVERITY,
+    SEVERITY_OF_GX,
+    WARN,
+    QualitySettings,
+    parse_quality,
+)
 from cdc_join.runlog import Checkpoint
 from cdc_join.state import newest
 from cdc_join.storage import Storage
@@ -243,31 +249,30 @@ def _any_null(columns: Sequence[Column]) -> Column:
     return out
 
 
-def _row_suite(config: PipelineConfig, settings: QualitySettings) -> ExpectationSuite:
+def _row_suite(config: PipelineConfig, settings: QualitySettings) -> gx.ExpectationSuite:
     """Built-in and user expectations over :func:`touched_rows`."""
     expect = gx.expectations
     keys = silver_key_columns(config)
-    unique_meta = _meta("pk_unique", ",".join(keys), FAIL)
+    unique_meta = _meta("pk_unique", ",".join(keys))
+    critical = GX_SEVERITY[FAIL]
     items: list[Expectation] = [
-        expect.ExpectColumnValuesToBeUnique(column=keys[0], meta=unique_meta)
+        expect.ExpectColumnValuesToBeUnique(column=keys[0], meta=unique_meta, severity=critical)
         if len(keys) == 1
-        else expect.ExpectCompoundColumnsToBeUnique(column_list=keys, meta=unique_meta)
+        else expect.ExpectCompoundColumnsToBeUnique(column_list=keys, meta=unique_meta, severity=critical)
     ]
     items += [
-        expect.ExpectColumnValuesToNotBeNull(column=k, meta=_meta("pk_not_null", k, FAIL)) for k in keys
+        expect.ExpectColumnValuesToNotBeNull(column=k, meta=_meta("pk_not_null", k), severity=critical)
+        for k in keys
     ]
     for join in config.joins:
         seq = f"_seq_{join.alias}"
         if join.type is JoinType.INNER:
-            meta = _meta(f"right_present:{join.alias}", seq, FAIL)
-            items.append(expect.ExpectColumnValuesToNotBeNull(column=seq, meta=meta))
+            meta = _meta(f"right_present:{join.alias}", seq)
+            items.append(expect.ExpectColumnValuesToNotBeNull(column=seq, meta=meta, severity=critical))
         else:
             items.append(_orphan_expectation(join.alias, settings))
-    items += [
-        e.build(_meta(f"expectation:{e.name}", _columns_of(e.kwargs), e.severity))
-        for e in settings.expectations
-    ]
-    suite = ExpectationSuite(name=f"{config.name}_silver")
+    items += [e.build(_meta(f"expectation:{e.name}", _columns_of(e.kwargs))) for e in settings.expectations]
+    suite = gx.ExpectationSuite(name=f"{config.name}_silver")
     for item in items:
         suite.add_expectation(item)
     return suite
@@ -276,20 +281,20 @@ def _row_suite(config: PipelineConfig, settings: QualitySettings) -> Expectation
 def _orphan_expectation(alias: str, settings: QualitySettings) -> Expectation:
     """Orphan rate = false / non-null of ``_has_right_<alias>``; ``mostly`` caps it."""
     limit = settings.orphan_rate_max.get(alias)
-    meta = _meta(
-        f"orphan_rate:{alias}", f"_seq_{alias}", settings.severity["orphan_rate"], kind="orphan_rate"
-    )
+    meta = _meta(f"orphan_rate:{alias}", f"_seq_{alias}", kind="orphan_rate")
     meta["threshold"] = limit
     return gx.expectations.ExpectColumnValuesToBeInSet(
         column=f"_has_right_{alias}",
         value_set=[True],
         mostly=1.0 - (1.0 if limit is None else limit),
         meta=meta,
+        severity=GX_SEVERITY[settings.severity["orphan_rate"]],
     )
 
 
-def _meta(check_name: str, column: str | None, severity: str, kind: str = "") -> dict[str, Any]:
-    return {"check": check_name, "column": column, "severity": severity, "kind": kind}
+def _meta(check_name: str, column: str | None, kind: str = "") -> dict[str, Any]:
+    """What a result is reported under: the check's name, its column, what kind of check."""
+    return {"check": check_name, "column": column, "kind": kind}
 
 
 def _columns_of(kwargs: Mapping[str, Any]) -> str | None:
@@ -302,11 +307,11 @@ def _columns_of(kwargs: Mapping[str, Any]) -> str | None:
 def _context() -> Any:
     context = gx.get_context(mode="ephemeral")
     # Job logs are read by people; a progress bar per metric batch is noise there.
-    context.variables.progress_bars = ProgressBarsConfig(globally=False)
+    context.variables.progress_bars = {"globally": False}
     return context
 
 
-def _validate(context: Any, rows: DataFrame, suite: ExpectationSuite, count: int) -> list[CheckResult]:
+def _validate(context: Any, rows: DataFrame, suite: gx.ExpectationSuite, count: int) -> list[CheckResult]:
     batch = (
         context.data_sources.add_spark("silver")
         .add_dataframe_asset("touched_rows")
@@ -335,8 +340,9 @@ def _result(gx_result: Any, extra: Mapping[str, Any]) -> CheckResult:
     }
     if meta.get("kind") in ("orphan_rate", "quarantine"):
         details["threshold"] = meta.get("threshold")
+    severity = SEVERITY_OF_GX[str(getattr(cfg.severity, "value", cfg.severity)).lower()]
     return CheckResult(
-        meta["check"], meta.get("column"), success, meta["severity"], _observed(meta, result, error), details
+        meta["check"], meta.get("column"), success, severity, _observed(meta, result, error), details
     )
 
 
@@ -396,9 +402,11 @@ def _check_freshness(
     frame = pd.DataFrame(
         {"source": list(known), "lag_minutes": [(now_ms - ms) / 60_000 for ms in known.values()]}
     )
-    meta = _meta("freshness", TS_MS, severity, kind="freshness")
+    meta = _meta("freshness", TS_MS, kind="freshness")
     meta["threshold"] = limit
-    expectation = gx.expectations.ExpectColumnMinToBeBetween(column="lag_minutes", max_value=limit, meta=meta)
+    expectation = gx.expectations.ExpectColumnMinToBeBetween(
+        column="lag_minutes", max_value=limit, meta=meta, severity=GX_SEVERITY[severity]
+    )
     batch = (
         context.data_sources.add_pandas("sources")
         .add_dataframe_asset("newest_events")
@@ -439,9 +447,11 @@ def _check_quarantine(
     severity = settings.severity["quarantine"]
     suite = gx.ExpectationSuite(name="quarantine")
     for source, limit in settings.quarantine_max.items():
-        meta = {**_meta(f"quarantine:{source}", None, severity, kind="quarantine"), "threshold": limit}
+        meta = {**_meta(f"quarantine:{source}", None, kind="quarantine"), "threshold": limit}
         suite.add_expectation(
-            gx.expectations.ExpectColumnMaxToBeBetween(column=source, max_value=limit, meta=meta)
+            gx.expectations.ExpectColumnMaxToBeBetween(
+                column=source, max_value=limit, meta=meta, severity=GX_SEVERITY[severity]
+            )
         )
     batch = (
         context.data_sources.add_pandas("ingest")

@@ -27,15 +27,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from great_expectations.exceptions import ExpectationNotFoundError
-from great_expectations.expectations.expectation import Expectation
-from great_expectations.expectations.registry import get_expectation_impl
+import great_expectations as gx
+from great_expectations.expectations import Expectation
 
 from cdc_join.columns import RUN_ID, output_columns, silver_key_columns
 from cdc_join.config import JoinType, PipelineConfig, Problems
 from cdc_join.errors import ConfigError
 
 WARN, FAIL = "warn", "fail"
+#: great-expectations' own severities for ours (``Expectation.severity``), and back.
+GX_SEVERITY = {FAIL: "critical", WARN: "warning"}
+SEVERITY_OF_GX = {"critical": FAIL, "warning": WARN, "info": WARN}
 SEVERITIES = (WARN, FAIL)
 
 
@@ -61,8 +63,26 @@ class UserExpectation:
     severity: str
 
     def build(self, meta: Mapping[str, Any]) -> Expectation:
-        """The great-expectations object (its pydantic model checks the arguments)."""
-        return get_expectation_impl(self.expectation)(**self.kwargs, meta=dict(meta))
+        """The great-expectations object (its pydantic model checks the arguments), with its
+        severity."""
+        return expectation_class(self.expectation)(
+            **self.kwargs, meta=dict(meta), severity=GX_SEVERITY[self.severity]
+        )
+
+
+def expectation_class(name: str) -> type[Expectation]:
+    """The expectation class of a name like ``expect_column_values_to_be_between``, from the
+    expectations great-expectations exports (``gx.expectations``).
+
+    Raises:
+        KeyError: no expectation has that name.
+    """
+    classes = {
+        getattr(c, "expectation_type", None): c
+        for c in vars(gx.expectations).values()
+        if isinstance(c, type) and issubclass(c, Expectation)
+    }
+    return classes[name]
 
 
 @dataclass(frozen=True)
@@ -215,8 +235,8 @@ def _expectation(config: PipelineConfig, spec: Any, key: str) -> UserExpectation
     if not isinstance(name, str) or not name:
         raise ConfigError("is required: a great-expectations expectation name", key=f"{key}.expectation")
     try:
-        get_expectation_impl(name)
-    except ExpectationNotFoundError:
+        expectation_class(name)
+    except KeyError:
         raise ConfigError(
             f"unknown expectation {name!r} (names look like expect_column_values_to_be_between)",
             key=f"{key}.expectation",

@@ -1,6 +1,7 @@
 """The Databricks bundle, checked without a workspace: ``databricks.yml`` and ``resources/*.yml``
-parse, every reference resolves, every task's entry point exists and accepts its parameters, and
-the entry points work locally.
+parse and load into Databricks' own typed bundle models, every reference resolves, every task's
+entry point exists and accepts its parameters (job parameters filled in), and the entry points
+work locally.
 
 ``databricks bundle validate`` needs a workspace and the ``databricks`` CLI; these tests check
 the same structure from the files alone.
@@ -26,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BUNDLE = ROOT / "databricks.yml"
 FILE_PATH = "/Workspace/Users/someone/.bundle/cdc_join/dev/files"  # what ${workspace.file_path} becomes
 _REFERENCE = re.compile(r"\$\{([^}]+)\}")
+_JOB_PARAMETER = re.compile(r"\{\{job\.parameters\.([A-Za-z_]+)\}\}")
 
 
 def _load(path: Path) -> dict[str, Any]:
@@ -49,7 +51,7 @@ def jobs(resource_files) -> dict[str, tuple[Path, dict[str, Any]]]:
     """Every job of every resource file, with the file it is defined in (paths are relative to it)."""
     found: dict[str, tuple[Path, dict[str, Any]]] = {}
     for path in resource_files:
-        for name, job in _load(path)["resources"]["jobs"].items():
+        for name, job in _load(path)["resources"].get("jobs", {}).items():
             assert name not in found, f"job {name} is defined twice"
             found[name] = (path, job)
     return found
@@ -62,7 +64,13 @@ def _variables(bundle: dict[str, Any], target: str = "dev") -> dict[str, str]:
 
 
 def _resolve(text: str, variables: dict[str, str], target: str = "dev") -> str:
-    known = {"workspace.file_path": FILE_PATH, "bundle.name": "cdc_join", "bundle.target": target}
+    known = {
+        "workspace.file_path": FILE_PATH,
+        "workspace.current_user.userName": "someone",
+        "bundle.name": "cdc_join",
+        "bundle.target": target,
+        "resources.schemas.cdc_join.name": variables["schema"],
+    }
 
     def value(match: re.Match[str]) -> str:
         ref = match.group(1)
@@ -85,6 +93,25 @@ def _entry_point(path: Path) -> ModuleType:
 
 def _tasks(jobs) -> list[tuple[str, Path, dict[str, Any], dict[str, Any]]]:
     return [(name, path, job, task) for name, (path, job) in jobs.items() for task in job["tasks"]]
+
+
+def _parameters(job: dict[str, Any], task: dict[str, Any], variables: dict[str, str]) -> list[str]:
+    """A task's parameters as the task receives them: job parameters at their defaults."""
+    defaults = {p["name"]: _resolve(str(p["default"]), variables) for p in job.get("parameters", [])}
+
+    def value(match: re.Match[str]) -> str:
+        assert match.group(1) in defaults, f"{{{{job.parameters.{match.group(1)}}}}} is not a job parameter"
+        return defaults[match.group(1)]
+
+    python = task.get("python_wheel_task") or task["spark_python_task"]
+    return [_JOB_PARAMETER.sub(value, _resolve(p, variables)) for p in python["parameters"]]
+
+
+def _parser(path: Path, task: dict[str, Any]):  # type: ignore[no-untyped-def]
+    """The argument parser of a task's entry point: the wheel's ``cdc-join``, or a file."""
+    if "python_wheel_task" in task:
+        return cli.build_parser()
+    return _entry_point(path.parent / task["spark_python_task"]["python_file"]).build_parser()
 
 
 # -- databricks.yml ----------------------------------------------------------------------------------
@@ -117,36 +144,44 @@ def test_target_variables_are_declared(bundle):
 # -- jobs ---------------------------------------------------------------------------------------------
 
 
-def test_bundle_defines_the_three_jobs(jobs):
+def test_bundle_defines_the_three_jobs(jobs):  # and the schema and volume (below)
     assert set(jobs) == {"cdc_join_incremental", "cdc_join_full_refresh", "cdc_join_integration_tests"}
 
 
-def test_tasks_reference_existing_entry_points_clusters_tasks_and_the_wheel(jobs, bundle):
+def test_tasks_reference_existing_entry_points_compute_tasks_and_the_wheel(jobs, bundle):
+    built = (ROOT / bundle["artifacts"]["cdc_join_wheel"]["path"] / "dist").resolve()
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     for name, path, job, task in _tasks(jobs):
         where = f"{name}.{task['task_key']}"
-        assert (path.parent / task["spark_python_task"]["python_file"]).is_file(), where
-        assert task["job_cluster_key"] in {c["job_cluster_key"] for c in job["job_clusters"]}, where
+        if "python_wheel_task" in task:
+            wheel_task = task["python_wheel_task"]
+            assert wheel_task["package_name"] == "cdc_join" and wheel_task["entry_point"] in scripts, where
+        else:
+            assert (path.parent / task["spark_python_task"]["python_file"]).is_file(), where
         keys = {t["task_key"] for t in job["tasks"]}
         assert {d["task_key"] for d in task.get("depends_on", [])} <= keys, where
-        wheels = [lib["whl"] for lib in task["libraries"] if "whl" in lib]
-        built = (ROOT / bundle["artifacts"]["cdc_join_wheel"]["path"] / "dist").resolve()
+        if "environment_key" in task:  # serverless: the wheel is a dependency of the environment
+            (env,) = [e for e in job["environments"] if e["environment_key"] == task["environment_key"]]
+            wheels = [d for d in env["spec"]["dependencies"] if d.endswith(".whl")]
+        else:
+            assert task["job_cluster_key"] in {c["job_cluster_key"] for c in job["job_clusters"]}, where
+            wheels = [lib["whl"] for lib in task["libraries"] if "whl" in lib]
         assert [(path.parent / w).parent.resolve() for w in wheels] == [built], where
         assert "max_retries" in task, where
 
 
 def test_every_task_s_parameters_are_accepted_by_its_entry_point(jobs, bundle):
     variables = _variables(bundle)
-    for name, path, _, task in _tasks(jobs):
-        python_task = task["spark_python_task"]
-        module = _entry_point(path.parent / python_task["python_file"])
-        params = [_resolve(p, variables) for p in python_task["parameters"]]
+    for name, path, job, task in _tasks(jobs):
+        params = _parameters(job, task, variables)
         try:
-            module.build_parser().parse_args(params)
+            _parser(path, task).parse_args(params)
         except SystemExit:
-            pytest.fail(f"{name}.{task['task_key']}: {python_task['python_file']} rejects {params}")
+            pytest.fail(f"{name}.{task['task_key']}: its entry point rejects {params}")
 
 
-def test_pipeline_tasks_are_cdc_join_commands_on_the_configured_pipeline(jobs, bundle):
+def test_pipeline_tasks_are_cdc_join_commands_on_the_job_s_parameters(jobs, bundle):
     variables = _variables(bundle)
     expected = {
         ("cdc_join_incremental", "run"): "run",
@@ -156,17 +191,49 @@ def test_pipeline_tasks_are_cdc_join_commands_on_the_configured_pipeline(jobs, b
         ("cdc_join_full_refresh", "verify"): "verify",
     }
     seen = {}
-    for name, path, _, task in _tasks(jobs):
+    for name, _, job, task in _tasks(jobs):
         if (name, task["task_key"]) not in expected:
             continue
-        module = _entry_point(path.parent / task["spark_python_task"]["python_file"])
-        args = module.build_parser().parse_args(
-            [_resolve(p, variables) for p in task["spark_python_task"]["parameters"]]
-        )
+        assert "python_wheel_task" in task, f"{name}.{task['task_key']} runs the wheel's cdc-join"
+        assert {p["name"] for p in job["parameters"]} == {"catalog", "schema", "config_path"}
+        args = cli.build_parser().parse_args(_parameters(job, task, variables))
         seen[(name, task["task_key"])] = args.command
         assert args.config == _resolve("${var.config_path}", variables)
         assert args.tables == f"{variables['catalog']}.{variables['schema']}"
+        assert args.storage == "delta-spark"
     assert seen == expected
+
+
+def test_the_incremental_job_runs_on_serverless_compute(jobs):
+    _, job = jobs["cdc_join_incremental"]
+    assert "job_clusters" not in job
+    (env,) = job["environments"]
+    assert env["spec"]["environment_version"] and any(d.endswith(".whl") for d in env["spec"]["dependencies"])
+    assert {t["environment_key"] for t in job["tasks"]} == {env["environment_key"]}
+
+
+def test_the_schema_and_the_landing_volume_are_bundle_resources(resource_files, bundle):
+    schemas = pytest.importorskip("databricks.bundles.schemas")
+    volumes = pytest.importorskip("databricks.bundles.volumes")
+    found: dict[str, Any] = {}
+    for path in resource_files:
+        for kind, items in _load(path)["resources"].items():
+            found.setdefault(kind, {}).update(items)
+    schema, volume = found["schemas"]["cdc_join"], found["volumes"]["landing"]
+    schemas.Schema.from_dict(schema)  # Databricks' models reject unknown fields and wrong shapes
+    volumes.Volume.from_dict(volume)
+    assert (schema["catalog_name"], schema["name"]) == ("${var.catalog}", "${var.schema}")
+    assert volume["schema_name"] == "${resources.schemas.cdc_join.name}"
+    shipped = _resolve("${var.config_path}", _variables(bundle)).replace(FILE_PATH, str(ROOT))
+    landing = {s["landing"] for s in _load(Path(shipped))["sources"].values()}
+    assert all(f.startswith("/Volumes/main/cdc_join/landing/") for f in landing)
+
+
+def test_production_runs_as_a_service_principal_with_permissions_outside_shared(bundle):
+    prod = bundle["targets"]["prod"]
+    assert prod["run_as"] == {"service_principal_name": "${var.service_principal}"}
+    assert not prod["workspace"]["root_path"].startswith("/Workspace/Shared")
+    assert {p["level"] for p in prod["permissions"]} >= {"CAN_MANAGE", "CAN_VIEW"}
 
 
 def test_incremental_job_runs_one_at_a_time_on_a_schedule_and_checks_after_the_run(jobs, bundle):
@@ -194,9 +261,7 @@ def test_full_refresh_job_verifies_after_refreshing(jobs):
 def test_integration_test_job_runs_the_contract_and_scenario_suites_on_delta_spark(jobs, bundle):
     path, job = jobs["cdc_join_integration_tests"]
     (task,) = job["tasks"]
-    module = _entry_point(path.parent / task["spark_python_task"]["python_file"])
-    params = [_resolve(p, _variables(bundle)) for p in task["spark_python_task"]["parameters"]]
-    args = module.build_parser().parse_args(params)
+    args = _parser(path, task).parse_args(_parameters(job, task, _variables(bundle)))
     assert args.storage == "delta-spark"
     assert str(args.project_dir) == FILE_PATH
     assert {"tests/contract", "tests/scenarios"} <= set(args.pytest_args)
@@ -225,8 +290,7 @@ def test_the_shipped_pipeline_is_the_one_the_jobs_run_and_it_loads(bundle):
     config = load_config(shipped, check_paths=False)  # its landing folders are in the workspace
     assert config.tables == "main.cdc_join"
     assert {config.left, *config.sources} == {"orders", "customers", "products"}
-    task = _entry_point(ROOT / "jobs" / "pipeline_task.py")
-    args = task.build_parser().parse_args(
+    args = cli.build_parser().parse_args(
         ["--tables", "dev.cdc_join_dev", "--storage", "delta-rs", "run", shipped]
     )
     assert args.tables == "dev.cdc_join_dev"
@@ -235,27 +299,16 @@ def test_the_shipped_pipeline_is_the_one_the_jobs_run_and_it_loads(bundle):
 # -- the wheel and the entry points ----------------------------------------------------------------
 
 
-def test_wheel_console_script_is_the_cli_the_entry_points_mirror():
+def test_wheel_console_script_is_the_cli():
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts == {"cdc-join": "cdc_join.cli:main"}
     (installed,) = importlib.metadata.entry_points(group="console_scripts", name="cdc-join")
     assert installed.value == scripts["cdc-join"]
     assert installed.load() is cli.main
-    task = _entry_point(ROOT / "jobs" / "pipeline_task.py")
-    cli_commands = set(_subcommands(cli.build_parser()))
-    assert set(_subcommands(task.build_parser())) == cli_commands
-    for command in cli_commands:  # the same arguments work with `cdc-join`
-        args = [command] if command == "demo" else [command, "pipeline.yml"]
-        assert cli.build_parser().parse_args(args).command == task.build_parser().parse_args(args).command
 
 
-def _subcommands(parser) -> list[str]:
-    (action,) = [a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction"]
-    return list(action.choices)
-
-
-def test_pipeline_entry_point_runs_locally_with_a_lake_override(tmp_path, spark, capsys):
+def test_the_cli_runs_a_job_s_command_locally_with_a_lake_override(tmp_path, spark, capsys):
     (tmp_path / "landing" / "orders").mkdir(parents=True)
     config = tmp_path / "pipeline.yml"
     config.write_text(
@@ -270,11 +323,10 @@ def test_pipeline_entry_point_runs_locally_with_a_lake_override(tmp_path, spark,
             }
         )
     )
-    task = _entry_point(ROOT / "jobs" / "pipeline_task.py")
     lake = str(tmp_path / "elsewhere")
-    args = task.build_parser().parse_args(["--lake", lake, "--storage", "delta-rs", "check", str(config)])
-    assert task.open_pipeline(args).config.silver_path == f"{lake}/silver/orders_out"
-    assert task.main(["--lake", lake, "--storage", "delta-rs", "check", str(config)]) == 0
+    args = cli.build_parser().parse_args(["--lake", lake, "--storage", "delta-rs", "check", str(config)])
+    assert cli.open_pipeline(args).config.silver_path == f"{lake}/silver/orders_out"
+    assert cli.main(["--lake", lake, "--storage", "delta-rs", "check", str(config)]) == 0
     assert "nothing checked" in capsys.readouterr().out
 
 

@@ -52,6 +52,55 @@ def test_run_succeeds_with_0_and_json_is_one_document(landed, capsys):
     assert json.loads(capsys.readouterr().out)["ok"] is True
 
 
+def test_json_is_one_document_with_its_command_and_schema_version_for_every_command(landed, capsys):
+    _, w, config = landed
+    assert _cli("-q", "run", config) == 0
+    capsys.readouterr()
+    w.write("lhs", [w.upsert("lhs", {"id": "b", "fk": 1, "v": 1}, 3)])
+    for command in ("plan", "status", "run", "verify", "check", "optimize", "quarantine", "full-refresh"):
+        assert _cli(command, config, "--json") == 0, command
+        document = json.loads(capsys.readouterr().out)
+        assert document["command"] == command and document["schema_version"] == cli.JSON_SCHEMA_VERSION
+
+
+def test_plan_says_what_the_next_run_would_do_without_writing_anything(landed, storage, capsys):
+    pipeline, w, config = landed
+    assert _cli("-q", "run", config) == 0
+    w.write("lhs", [w.upsert("lhs", {"id": "b", "fk": 1, "v": 1}, 3)])
+    tables = {p: storage.version(p) for p in (pipeline.config.silver_path, pipeline.config.runs_path)}
+    capsys.readouterr()
+    assert _cli("plan", config, "--json") == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["pending"] == {"lhs": {"files": 1, "bytes": plan["pending"]["lhs"]["bytes"]}}
+    assert plan["path"] == "incremental" and pipeline.config.bronze_path("lhs") in plan["writes"]
+    assert {p: storage.version(p) for p in tables} == tables  # nothing written
+    assert _cli("-q", "run", "--no-ingest", config) == 0  # nothing new in bronze: ...
+    assert _cli("plan", config) == 0
+    assert "to ingest: lhs: 1 file(s)" in capsys.readouterr().out
+
+
+def test_status_shows_the_last_runs_each_source_and_the_tables(landed, capsys):
+    pipeline, w, config = landed
+    assert _cli("-q", "run", config) == 0
+    w.write("lhs", ["not json"])
+    assert _cli("-q", "run", config) == 3  # a quarantined line
+    capsys.readouterr()
+    assert _cli("status", config, "--json") == 0
+    found = json.loads(capsys.readouterr().out)
+    assert [r["run_id"] for r in found["runs"]] == [2, 1]
+    assert found["sources"]["lhs"]["quarantined"] == 1 and found["sources"]["rhs"]["pending_files"] == 0
+    assert found["tables"][pipeline.config.silver_path]["rows"] == 1
+    assert found["unfinished"] == []
+    assert _cli("status", config) == 0
+    assert "run 2" in capsys.readouterr().out
+
+
+def test_demo_refuses_options_it_would_ignore(capsys):
+    for option in (["--json"], ["--lake", "/tmp/x"]):
+        assert cli.main(["demo", *option]) == 2
+        assert "does not apply" in _one_error(capsys)
+
+
 def test_verify_finding_a_difference_exits_1(landed, storage, capsys):
     pipeline, _, config = landed
     assert _cli("-q", "run", config) == 0

@@ -115,6 +115,12 @@ def test_quality_section_is_parsed_with_defaults():
     ]
 
 
+def test_user_expectations_carry_great_expectations_own_severity():
+    settings = parse_quality(_config({"expectations": [V_NOT_NEGATIVE, {**V_WARN, "name": "w"}]}))
+    built = [e.build({}) for e in settings.expectations]
+    assert [str(getattr(b.severity, "value", b.severity)) for b in built] == ["critical", "warning"]
+
+
 @pytest.mark.parametrize(
     ("quality", "key", "message"),
     [
