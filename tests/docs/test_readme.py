@@ -1,5 +1,5 @@
-"""The README's examples stay true: its YAML loads, its commands and options exist, and it
-links to nothing outside the repository."""
+"""The README's and the reference's examples stay true: their YAML loads, their commands and
+options exist and run, and they link to nothing outside the repository."""
 
 from __future__ import annotations
 
@@ -17,10 +17,21 @@ from tests.docs.test_examples import assert_expected_silver
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
+#: The README and the reference in docs/, in the order a reader meets them.
+DOCS = {"README.md": README} | {f"docs/{p.name}": p.read_text() for p in sorted((ROOT / "docs").glob("*.md"))}
 
 
-def _blocks(language: str) -> list[str]:
-    return re.findall(rf"```{language}\n(.*?)```", README, flags=re.S)
+def _blocks(language: str, text: str | None = None) -> list[str]:
+    """Fenced blocks of ``language`` in ``text`` (default: the README and every doc), dedented
+    (a block inside a list item is indented)."""
+    import textwrap
+
+    texts = [text] if text is not None else list(DOCS.values())
+    return [
+        textwrap.dedent(b)
+        for t in texts
+        for b in re.findall(rf"^[ ]*```{language}\n(.*?)^[ ]*```", t, flags=re.S | re.M)
+    ]
 
 
 def test_every_pipeline_yaml_in_the_readme_loads(tmp_path):
@@ -44,6 +55,7 @@ def test_the_readme_s_commands_run_as_written_on_the_inventory_example(tmp_path,
         if line.strip().startswith("cdc-join ") and "pipeline.yml" in line
     ]
     assert [c[0] for c in commands][:3] == ["run", "full-refresh", "verify"]
+    assert {"status", "plan", "check", "optimize", "quarantine"} <= {c[0] for c in commands}
     for args in commands:
         args = [str(folder / "pipeline.yml") if a == "pipeline.yml" else a for a in args]
         code = cli.main(["--storage", "delta-rs", "-q", *args])
@@ -59,7 +71,7 @@ def test_every_cdc_join_command_in_the_readme_parses():
         for line in block.splitlines()
         if line.strip().startswith("cdc-join ")
     ]
-    assert len(commands) >= 8
+    assert len(commands) >= 12
     for command in commands:
         args = shlex.split(command)[1:]
         try:
@@ -68,9 +80,9 @@ def test_every_cdc_join_command_in_the_readme_parses():
             pytest.fail(f"README command does not parse: {command}")
 
 
-def _anchors() -> set[str]:
-    """The anchors of the README's headings, as GitHub makes them."""
-    headings = re.findall(r"^#+ (.+)$", README, flags=re.M)
+def _anchors(text: str = README) -> set[str]:
+    """The anchors of a page's headings, as the forges make them."""
+    headings = re.findall(r"^#+ (.+)$", text, flags=re.M)
     return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
 
 
@@ -86,13 +98,20 @@ def test_the_exit_code_table_matches_the_cli():
         assert meaning.replace("`", "").lower().startswith(head), f"exit code {code}: {meaning!r} vs {head!r}"
 
 
-def test_the_readme_links_only_inside_the_repository():
+def test_the_docs_link_only_inside_the_repository():
     # A clone has nothing but the repository: no design documents beside it, and pages on the
-    # web move. Anchors inside the README are fine.
-    assert not re.findall(r"https?://", README), "README links to the web"
-    for target in re.findall(r"\]\(([^)]+)\)", README) + re.findall(r"`(\.\./[^`]+)`", README):
-        if target.startswith("#"):
-            assert target[1:] in _anchors(), f"README links to a missing heading: {target}"
-            continue
-        assert not target.startswith(".."), f"README points outside the repository: {target}"
-        assert (ROOT / target.split("#")[0]).exists(), f"README links to a missing file: {target}"
+    # web move. Anchors inside a page are fine.
+    for name, text in DOCS.items():
+        assert not re.findall(r"https?://", text), f"{name} links to the web"
+        folder = (ROOT / name).parent
+        for target in re.findall(r"\]\(([^)]+)\)", text):
+            if target.startswith("#"):
+                assert target[1:] in _anchors(text), f"{name} links to a missing heading: {target}"
+                continue
+            resolved = (folder / target.split("#")[0]).resolve()
+            assert ROOT in resolved.parents or resolved == ROOT, f"{name} points outside: {target}"
+            assert resolved.exists(), f"{name} links to a missing file: {target}"
+
+
+def test_the_readme_stays_short():
+    assert len(README.splitlines()) < 200
