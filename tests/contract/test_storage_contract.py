@@ -753,6 +753,18 @@ def test_unknown_backend_name_raises(spark, monkeypatch):
 # --------------------------------------------------------------------------- delta-rs specifics
 
 
+def test_a_table_feature_delta_rs_cannot_write_is_a_storage_error_naming_it_not_a_lost_race():
+    # delta-rs reports it as a failed commit; taken for a concurrent writer it would exit 4
+    # ("run again") forever.
+    from deltalake.exceptions import CommitFailedError
+
+    refused = pytest.raises(StorageError, match=r"TypeWidening.*--storage delta-spark")
+    with refused, delta_rs._delta_errors("append to", "/lake/t"):
+        raise CommitFailedError("Unsupported table features required: [TypeWidening]")
+    with pytest.raises(ConcurrentRunError), delta_rs._delta_errors("append to", "/lake/t"):
+        raise CommitFailedError("Transaction failed: version already exists")
+
+
 def test_delta_rs_refuses_partitioned_tables(spark, tmp_path):
     import pyarrow as pa
     from deltalake import write_deltalake
