@@ -96,7 +96,13 @@ def duck_connection() -> duckdb.DuckDBPyConnection:
     past its memory once.
     """
     limit = os.environ.get("CDC_JOIN_BENCH_DUCKDB_MEMORY", "3GB")
-    return duckdb.connect(config={"memory_limit": limit})
+    connection = duckdb.connect(config={"memory_limit": limit})
+    # DuckDB's Delta reader, from its PyPI package (DuckDB would download it otherwise).
+    import duckdb_extension_delta
+
+    folder = os.path.join(os.path.dirname(duckdb_extension_delta.__file__), "extensions")
+    connection.sql(f"LOAD '{os.path.join(folder, f'v{duckdb.__version__}', 'delta.duckdb_extension')}'")
+    return connection
 
 
 def pipeline_spec() -> dict[str, Any]:
