@@ -47,7 +47,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Protocol, runtime_checkable
@@ -57,6 +58,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from cdc_join.changeset import Rows
+from cdc_join.errors import ConcurrentRunError, StorageError
 
 _TABLE_NAME = re.compile(r"^(`[^`]+`|[A-Za-z_][A-Za-z0-9_]*)(\.(`[^`]+`|[A-Za-z_][A-Za-z0-9_]*)){1,2}$")
 
@@ -246,3 +248,27 @@ def _int(value: Any) -> int | None:
         return int(value)
     except (TypeError, ValueError):
         return None
+
+
+_ALREADY_THERE = re.compile(r"already exists|ALREADY_EXISTS", re.IGNORECASE)
+
+
+def lost_create(
+    exists: Callable[[str], bool], path: str, error: StorageError | ConcurrentRunError, wait: float = 30.0
+) -> bool:
+    """After a ``CREATE`` at ``path`` failed: ``False`` once the table another writer was creating
+    is there (this call did not create it). A failure that says the table already exists while
+    none shows up within ``wait`` seconds is :class:`ConcurrentRunError` (another run is creating
+    it); any other failure (a lost commit among them) is re-raised."""
+    deadline = time.monotonic() + wait
+    while True:
+        if exists(path):
+            return False
+        if not _ALREADY_THERE.search(str(error)) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    if isinstance(error, StorageError) and _ALREADY_THERE.search(str(error)):
+        raise ConcurrentRunError(
+            f"could not create the Delta table at {path}: another run is creating it"
+        ) from error
+    raise error

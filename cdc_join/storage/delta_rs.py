@@ -98,7 +98,14 @@ from cdc_join.changeset import (
 from cdc_join.errors import ConcurrentRunError, StorageError
 from cdc_join.paths import has_scheme, local_path
 from cdc_join.schemas import changed_types, conform, merge_schemas, nullable
-from cdc_join.storage.base import FileStats, MergeSpec, WriteMetrics, is_table_name, normalize_history_entry
+from cdc_join.storage.base import (
+    FileStats,
+    MergeSpec,
+    WriteMetrics,
+    is_table_name,
+    lost_create,
+    normalize_history_entry,
+)
 from cdc_join.storage.stats import int_or_none, stat_upper_bound
 
 CHANGE_TYPE = "_change_type"
@@ -647,12 +654,12 @@ class DeltaRsStorage:
                     configuration=config,
                     storage_options=self.storage_options,
                     raise_if_key_not_exists=False,
+                    # No retry: a retried create commits a second table over the winner's.
+                    commit_properties=CommitProperties(max_commit_retries=0),
                 )
-        except StorageError:
-            # Lost a race with another creator: the table is there now, and it is not ours.
-            if self.exists(path):
-                return False
-            raise
+        except (StorageError, ConcurrentRunError) as exc:
+            # Lost a race with another creator: the table is there now (or soon), and it is not ours.
+            return lost_create(self.exists, path, exc)
         return True
 
     def version(self, path: str) -> int:

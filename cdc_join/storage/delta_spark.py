@@ -106,6 +106,7 @@ from cdc_join.storage.base import (
     MergeSpec,
     WriteMetrics,
     is_table_name,
+    lost_create,
     normalize_history_entry,
     quote_table_name,
 )
@@ -582,11 +583,9 @@ class DeltaSparkStorage:
                 self.spark.sql(
                     f"CREATE TABLE {self._sql_ref(path)} ({columns}) USING delta TBLPROPERTIES ({listed})"
                 )
-        except StorageError:
-            # Lost a race with another creator: the table is there now, and it is not ours.
-            if self.exists(path):
-                return False
-            raise
+        except (StorageError, ConcurrentRunError) as exc:
+            # Lost a race with another creator: the table is there now (or soon), and it is not ours.
+            return lost_create(self.exists, path, exc)
         self._forget(path)
         return True
 
