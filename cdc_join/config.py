@@ -284,6 +284,14 @@ _TOP_KEYS |= {"description"}
 _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$")
 _SOURCE_KEYS = {"landing", "bronze", "primary_key", "sequence_by", "connector", "columns"}
 _JOIN_KEYS = {"right", "foreign_key", "type", "as"}
+_NO_CHAINS = (
+    "join chains are not supported yet: every join's foreign key must be a column of the left "
+    "source (denormalize the chain's source upstream, or join its result in a second pipeline)"
+)
+_NO_COLLECT = (
+    "nested children (type: collect) are not supported yet; joins are 'inner' or 'left' "
+    "(build the array downstream of silver, e.g. collect_list grouped by the parent key)"
+)
 
 
 ANY = "*"  # stands for every source name when the sources section itself is wrong
@@ -574,7 +582,9 @@ def _one_join(
     if not isinstance(spec, Mapping):
         raise ConfigError("must be a mapping", key=key)
     errors = len(p.found)
-    p.unknown_keys(spec, _JOIN_KEYS, key)
+    if "from" in spec:
+        p.found.append(ConfigError(_NO_CHAINS, key=f"{key}.from"))
+    p.unknown_keys({k: v for k, v in spec.items() if k != "from"}, _JOIN_KEYS, key)
     right = p.value(lambda: _right(spec, key, sources, broken, left))
     fk = p.value(lambda: _columns(_required(spec, "foreign_key", key), f"{key}.foreign_key"))
     if right in sources and fk is not None and len(fk) != len(sources[right].primary_key):
@@ -613,6 +623,8 @@ def _join_type(text: Any, key: str) -> JoinType:
     try:
         return JoinType(str(text).lower())
     except ValueError:
+        if str(text).lower() == "collect":
+            raise ConfigError(_NO_COLLECT, key=f"{key}.type") from None
         raise ConfigError(f"must be 'inner' or 'left', got {text!r}", key=f"{key}.type") from None
 
 

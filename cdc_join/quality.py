@@ -311,14 +311,18 @@ def _context() -> Any:
     return context
 
 
-def _validate(context: Any, rows: DataFrame, suite: gx.ExpectationSuite, count: int) -> list[CheckResult]:
-    batch = (
-        context.data_sources.add_spark("silver")
-        .add_dataframe_asset("touched_rows")
-        .add_batch_definition_whole_dataframe("run")
-        .get_batch(batch_parameters={"dataframe": rows})
+def _run_suite(context: Any, data: Any, asset: str, frame: Any, suite: gx.ExpectationSuite) -> Any:
+    """Validate ``frame`` against ``suite`` with a validation definition (great-expectations'
+    "this data, these expectations") in the run's ephemeral context."""
+    batches = data.add_dataframe_asset(asset).add_batch_definition_whole_dataframe("run")
+    validation = context.validation_definitions.add(
+        gx.ValidationDefinition(name=f"{suite.name}_{asset}", data=batches, suite=context.suites.add(suite))
     )
-    outcome = batch.validate(suite, result_format="SUMMARY")
+    return validation.run(batch_parameters={"dataframe": frame}, result_format="SUMMARY")
+
+
+def _validate(context: Any, rows: DataFrame, suite: gx.ExpectationSuite, count: int) -> list[CheckResult]:
+    outcome = _run_suite(context, context.data_sources.add_spark("silver"), "touched_rows", rows, suite)
     results = [_result(r, {"rows_checked": count}) for r in outcome.results]
     order = {(e.meta or {}).get("check"): i for i, e in enumerate(suite.expectations)}
     # great-expectations groups results by domain; the suite's order reads better.
@@ -407,14 +411,9 @@ def _check_freshness(
     expectation = gx.expectations.ExpectColumnMinToBeBetween(
         column="lag_minutes", max_value=limit, meta=meta, severity=GX_SEVERITY[severity]
     )
-    batch = (
-        context.data_sources.add_pandas("sources")
-        .add_dataframe_asset("newest_events")
-        .add_batch_definition_whole_dataframe("run")
-        .get_batch(batch_parameters={"dataframe": frame})
-    )
-    extra = {"newest_ms": known, "now": now.isoformat()}
-    return _result(batch.validate(expectation, result_format="SUMMARY"), extra)
+    suite = gx.ExpectationSuite(name="freshness", expectations=[expectation])
+    outcome = _run_suite(context, context.data_sources.add_pandas("sources"), "newest_events", frame, suite)
+    return _result(outcome.results[0], {"newest_ms": known, "now": now.isoformat()})
 
 
 def _newest_event_ms(storage: Storage, path: str, version: int) -> int | None:
@@ -453,13 +452,9 @@ def _check_quarantine(
                 column=source, max_value=limit, meta=meta, severity=GX_SEVERITY[severity]
             )
         )
-    batch = (
-        context.data_sources.add_pandas("ingest")
-        .add_dataframe_asset("quarantined_lines")
-        .add_batch_definition_whole_dataframe("run")
-        .get_batch(batch_parameters={"dataframe": pd.DataFrame({s: [n] for s, n in counts.items()})})
-    )
-    outcome = batch.validate(suite, result_format="SUMMARY")
+    frame = pd.DataFrame({s: [n] for s, n in counts.items()})
+    data = context.data_sources.add_pandas("ingest")
+    outcome = _run_suite(context, data, "quarantined_lines", frame, suite)
     results = [_result(r, {}) for r in outcome.results]
     results = [
         dataclasses.replace(r, details={**r.details, "reasons": reasons[r.check.split(":", 1)[1]]})

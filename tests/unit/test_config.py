@@ -505,6 +505,20 @@ def test_bad_join_type_names_key_and_file(project: Path, join_type: Any) -> None
     _fails(_write(project, raw), "joins[0].type")
 
 
+def test_a_join_chain_is_refused_as_not_supported_yet_naming_the_key(project: Path) -> None:
+    raw = _base()
+    raw["joins"][0]["from"] = "orders"
+    err = _fails(_write(project, raw), "joins[0].from")
+    assert "join chains are not supported yet" in str(err)
+
+
+def test_nested_children_are_refused_as_not_supported_yet_naming_the_key(project: Path) -> None:
+    raw = _base()
+    raw["joins"][0]["type"] = "collect"
+    err = _fails(_write(project, raw), "joins[0].type")
+    assert "nested children (type: collect) are not supported yet" in str(err)
+
+
 @pytest.mark.parametrize("key", ["name", "lake", "sources", "left", "select", "output"])
 def test_missing_required_top_level_key_names_key_and_file(project: Path, key: str) -> None:
     raw = _base()
