@@ -1109,20 +1109,37 @@ class DeltaSparkStorage:
         # An empty range reads the latest version's changes and keeps none of them, so its
         # schema is exactly that of a non-empty feed.
         first, last = (latest, latest) if empty else (start_version, end)
-        reader = (
-            self.spark.read.format("delta")
-            .option("readChangeFeed", "true")
-            .option("startingVersion", first)
-            .option("endingVersion", last)
-        )
+        changed = [] if empty else self._schema_changes(path, first, last)
+        if changed:
+            # Delta reads a feed in the latest schema and refuses, only once rows are read,
+            # data written before a widened type; say so now, so the caller can read otherwise.
+            raise StorageError(
+                f"Delta (Spark) cannot read the change feed of {path} across its schema change at "
+                f"version {changed[0]} (versions {first}..{last})"
+            )
         with _spark_errors(f"read the change feed (versions {first}..{last}) of", path):
             if is_table_name(path):
                 quoted = path.replace("'", "\\'")
                 feed = self.spark.sql(f"SELECT * FROM table_changes('{quoted}', {first}, {last})")
             else:
+                reader = self.spark.read.format("delta").option("readChangeFeed", "true")
+                reader = reader.option("startingVersion", first).option("endingVersion", last)
                 feed = reader.load(self._location(path))
             changes = feed.drop(_COMMIT_TIMESTAMP)
         return changes.where(F.lit(False)) if empty else changes
+
+    def _schema_changes(self, path: str, first: int, last: int) -> list[int]:
+        """Versions in ``first + 1..last`` that change the table's metadata: from a local
+        table's commit files, else from its history (operations other than plain data writes)."""
+        if last <= first:
+            return []
+        log = _local_log(path)
+        if log is not None:
+            return [v for v in range(first + 1, last + 1) if _local_metadata_change(log, v)]
+        entries = self._commits(path, self.version(path) - first)
+        return sorted(
+            int(e["version"]) for e in entries if first < int(e["version"]) <= last and not _data_only(e)
+        )
 
 
 # ------------------------------------------------------------------ guarded commits
@@ -1328,6 +1345,27 @@ def _local_commits(log: str, limit: int | None) -> list[dict[str, Any]] | None:
             }
         )
     return found
+
+
+def _local_metadata_change(log: str, version: int) -> bool:
+    """Whether a local table's commit ``version`` holds a ``metaData`` action (a schema or
+    property change); a commit file the log cleanup removed counts as one (read it apart)."""
+    try:
+        with open(os.path.join(log, f"{version:020d}.json"), encoding="utf-8") as commit:
+            return any('"metaData"' in line[:20] for line in commit)
+    except FileNotFoundError:
+        return True
+
+
+#: Operations that write rows only: a change feed reads across them in one piece.
+_DATA_WRITES = frozenset({"WRITE", "MERGE", "DELETE", "UPDATE", "STREAMING UPDATE", "OPTIMIZE", "TRUNCATE"})
+
+
+def _data_only(entry: Mapping[str, Any]) -> bool:
+    """Whether a history entry writes rows only (an overwrite may replace the schema)."""
+    operation = str(entry.get("operation") or "").upper()
+    mode = str((entry.get("operationParameters") or {}).get("mode") or "").lower()
+    return operation in _DATA_WRITES and mode != "overwrite"
 
 
 def _local_log_version(log: str) -> int | None:

@@ -561,6 +561,38 @@ def test_read_changes_ignores_optimize_and_sees_overwrite(store, spark, tmp_path
     assert [(r["_change_type"], r["id"]) for r in got] == [("delete", 1), ("delete", 2), ("insert", 9)]
 
 
+@pytest.mark.parametrize(
+    ("later", "row"),
+    [
+        ("id long, n long", (2, 2**40)),  # widened in place (type widening)
+        ("id long, n int, w double", (2, 5, 0.5)),  # a column added
+    ],
+    ids=["widened", "added"],
+)
+def test_read_changes_across_a_schema_change(store, spark, tmp_path, later, row):
+    # Bronze's schema changes between runs (a wider type in new events); the next run reads
+    # the change feed across that commit. A backend gives every row in the latest schema, or
+    # refuses at the call (then bronze reads the added files): never once rows are read, as
+    # Delta (Spark) does on its own across a widened type.
+    path = str(tmp_path / "t")
+    first = StructType([StructField("id", LongType(), False), StructField("n", IntegerType(), True)])
+    assert store.create(path, first)
+    store.append(path, spark.createDataFrame([(1, 7)], first))
+    start = store.version(path)
+    wider = spark.createDataFrame([row], later).schema
+    store.evolve(path, wider)
+    store.append(path, spark.createDataFrame([row], wider), merge_schema=True)
+    try:
+        changes = store.read_changes(path, start)
+    except StorageError as refused:
+        assert "schema change" in str(refused)
+        return
+    got = sorted((r["id"], r["_change_type"]) for r in changes.collect())
+    assert (1, "insert") in got and (2, "insert") in got
+    assert [f.name for f in changes.schema.fields][: len(wider.fields)] == wider.names
+    assert changes.schema["n"].dataType == wider["n"].dataType
+
+
 def test_read_changes_needs_cdf(store, spark, tmp_path):
     path = str(tmp_path / "t")
     assert store.create(path, KV, cdf=False)
