@@ -1129,17 +1129,27 @@ class DeltaSparkStorage:
         return changes.where(F.lit(False)) if empty else changes
 
     def _schema_changes(self, path: str, first: int, last: int) -> list[int]:
-        """Versions in ``first + 1..last`` that change the table's metadata: from a local
-        table's commit files, else from its history (operations other than plain data writes)."""
+        """Versions in ``first + 1..last`` whose schema change a change feed cannot be read
+        across (a column retyped or dropped; an added column is fine): from a local table's
+        commit files, else from its history (the operations that can make such a change)."""
         if last <= first:
             return []
         log = _local_log(path)
-        if log is not None:
-            return [v for v in range(first + 1, last + 1) if _local_metadata_change(log, v)]
-        entries = self._commits(path, self.version(path) - first)
-        return sorted(
-            int(e["version"]) for e in entries if first < int(e["version"]) <= last and not _data_only(e)
-        )
+        if log is None:
+            entries = [e for e in self._commits(path, self.version(path) - first) if _retypes(e)]
+            return sorted(int(e["version"]) for e in entries if first < int(e["version"]) <= last)
+        found: list[int] = []
+        before: StructType | None = None
+        for version in range(first + 1, last + 1):
+            schema = _local_schema_of(log, version)
+            if schema is False:
+                continue
+            if before is None and isinstance(schema, StructType):
+                before = self.read(path, version - 1).schema
+            if not isinstance(schema, StructType) or not _additive(before, schema):
+                found.append(version)
+            before = schema if isinstance(schema, StructType) else None
+        return found
 
 
 # ------------------------------------------------------------------ guarded commits
@@ -1347,25 +1357,38 @@ def _local_commits(log: str, limit: int | None) -> list[dict[str, Any]] | None:
     return found
 
 
-def _local_metadata_change(log: str, version: int) -> bool:
-    """Whether a local table's commit ``version`` holds a ``metaData`` action (a schema or
-    property change); a commit file the log cleanup removed counts as one (read it apart)."""
+def _local_schema_of(log: str, version: int) -> StructType | bool | None:
+    """The schema a local table's commit ``version`` sets (``False``: it sets none; ``None``:
+    its commit file is gone, so what it changed is unknown)."""
     try:
         with open(os.path.join(log, f"{version:020d}.json"), encoding="utf-8") as commit:
-            return any('"metaData"' in line[:20] for line in commit)
+            for line in commit:
+                if line.startswith('{"metaData"'):
+                    return StructType.fromJson(json.loads(json.loads(line)["metaData"]["schemaString"]))
     except FileNotFoundError:
-        return True
+        return None
+    return False
 
 
-#: Operations that write rows only: a change feed reads across them in one piece.
-_DATA_WRITES = frozenset({"WRITE", "MERGE", "DELETE", "UPDATE", "STREAMING UPDATE", "OPTIMIZE", "TRUNCATE"})
+def _additive(before: StructType | None, after: StructType) -> bool:
+    """Whether ``after`` keeps every column of ``before`` with its type (columns may be added)."""
+    if before is None:
+        return False
+    return set(before.names) <= set(after.names) and not changed_types(before, after)
 
 
-def _data_only(entry: Mapping[str, Any]) -> bool:
-    """Whether a history entry writes rows only (an overwrite may replace the schema)."""
+#: Operations that can retype or drop a column in place.
+_RETYPING = frozenset(
+    {"CHANGE COLUMN", "REPLACE COLUMNS", "RENAME COLUMN", "DROP COLUMNS", "REPLACE TABLE"}
+    | {"CREATE OR REPLACE TABLE"}
+)
+
+
+def _retypes(entry: Mapping[str, Any]) -> bool:
+    """Whether a history entry may have retyped or dropped a column (an overwrite may have)."""
     operation = str(entry.get("operation") or "").upper()
     mode = str((entry.get("operationParameters") or {}).get("mode") or "").lower()
-    return operation in _DATA_WRITES and mode != "overwrite"
+    return operation in _RETYPING or (operation == "WRITE" and mode == "overwrite")
 
 
 def _local_log_version(log: str) -> int | None:
