@@ -15,19 +15,7 @@ still caught. Built-in checks, all on those rows:
   ``quality.quarantine_max`` (only for the sources it names; one number covers every source);
 - ``expectation:<name>``: any great-expectations expectation from the pipeline YAML.
 
-The ``quality:`` section of the pipeline YAML::
-
-    quality:
-      orphan_rate_max: {customers: 0.05}   # per left-join alias, or one number for all
-      freshness_max_minutes: 1440
-      quarantine_max: {orders: 0}          # per source, or one number for all
-      severity: {orphan_rate: fail, freshness: warn, quarantine: fail}   # the defaults
-      expectations:
-        - expectation: expect_column_values_to_be_between
-          kwargs: {column: quantity, min_value: 0}
-          severity: fail                     # or warn; default fail
-          name: quantity_not_negative        # optional; default: the expectation's name
-
+The ``quality:`` section that configures them is parsed by :mod:`cdc_join.quality_config`.
 Every result becomes one row of the quality-results Delta table (``config.quality_path``).
 """
 
