@@ -260,15 +260,14 @@ def lost_create(
     is there (this call did not create it). A failure that says the table already exists while
     none shows up within ``wait`` seconds is :class:`ConcurrentRunError` (another run is creating
     it); any other failure (a lost commit among them) is re-raised."""
+    said_exists = bool(_ALREADY_THERE.search(str(error)))
     deadline = time.monotonic() + wait
-    while True:
-        if exists(path):
-            return False
-        if not _ALREADY_THERE.search(str(error)) or time.monotonic() > deadline:
-            break
+    while not exists(path):
+        if not said_exists or time.monotonic() > deadline:
+            if said_exists and isinstance(error, StorageError):
+                raise ConcurrentRunError(
+                    f"could not create the Delta table at {path}: another run is creating it"
+                ) from error
+            raise error
         time.sleep(0.2)
-    if isinstance(error, StorageError) and _ALREADY_THERE.search(str(error)):
-        raise ConcurrentRunError(
-            f"could not create the Delta table at {path}: another run is creating it"
-        ) from error
-    raise error
+    return False
