@@ -163,6 +163,11 @@ def changed_types(
     return changed
 
 
+def same_type(a: DataType, b: DataType) -> bool:
+    """Whether ``a`` and ``b`` are one type, nullability flags and field metadata aside."""
+    return _strip(a) == _strip(b)
+
+
 def _strip(dtype: DataType) -> DataType:
     """``dtype`` with nullability flags dropped, for comparing types only."""
     if isinstance(dtype, StructType):
@@ -201,6 +206,8 @@ def conform_sql(value: str, current: DataType, target: DataType, lambdas: Iterat
     ``target``; see :func:`conform`. ``lambdas`` numbers the lambda variables it introduces."""
     if _strip(current) == _strip(target):
         return value
+    if isinstance(target, NullType):  # a void column holds only nulls (see cdc_join.storage.untyped)
+        return "NULL"
     if isinstance(current, StructType) and isinstance(target, StructType):
         have = {f.name: f.dataType for f in current.fields}
         parts = ", ".join(

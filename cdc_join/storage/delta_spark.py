@@ -92,6 +92,7 @@ from pyspark.sql.types import (
     ArrayType,
     DataType,
     MapType,
+    StructField,
     StructType,
     TimestampNTZType,
 )
@@ -99,7 +100,7 @@ from pyspark.sql.types import (
 from cdc_join.changeset import ChangeSet, Rows, frame_of, to_arrow
 from cdc_join.errors import ConcurrentRunError, StorageError
 from cdc_join.paths import glob_escape, has_scheme, local_path
-from cdc_join.schemas import changed_types, conform, merge_schemas, quote
+from cdc_join.schemas import changed_types, conform, merge_schemas, quote, widens_to
 from cdc_join.storage.base import (
     DATA_PRESERVING_OPERATIONS,
     FileStats,
@@ -118,6 +119,16 @@ from cdc_join.storage.stats import (
     int_or_none,
     ranges_predicate,
     skipping_ranges,
+)
+from cdc_join.storage.untyped import (
+    MARK,
+    has_untyped,
+    is_marked,
+    logical_schema,
+    needs_storing,
+    stored_schema,
+    to_logical,
+    to_stored,
 )
 
 _log = logging.getLogger(__name__)
@@ -212,13 +223,51 @@ def _ddl_type(data_type: DataType) -> str:
     ``simpleString()`` leaves nested names bare (``struct<a-b:int>``), which SQL cannot parse.
     """
     if isinstance(data_type, StructType):
-        fields = ", ".join(f"{quote(f.name)}: {_ddl_type(f.dataType)}" for f in data_type.fields)
+        fields = ", ".join(f"{quote(f.name)}: {_ddl_type(f.dataType)}{_comment(f)}" for f in data_type.fields)
         return f"STRUCT<{fields}>"
     if isinstance(data_type, ArrayType):
         return f"ARRAY<{_ddl_type(data_type.elementType)}>"
     if isinstance(data_type, MapType):
         return f"MAP<{_ddl_type(data_type.keyType)}, {_ddl_type(data_type.valueType)}>"
     return data_type.simpleString()
+
+
+def _typed_before(frame: DataFrame, stored: StructType, path: str) -> DataFrame:
+    """``frame``, refused where it brings the first type of a column the table stores as
+    untyped (:mod:`cdc_join.storage.untyped`): a MERGE would cast the values to the stored
+    string, and they would read as null. :meth:`DeltaSparkStorage.evolve` comes first."""
+    if not is_marked(stored):
+        return frame
+    marked = {f.name for f in stored.fields if is_marked(StructType([f]))}
+    table = {f.name: f for f in logical_schema(stored).fields if f.name in marked}
+    for field in frame.schema.fields:
+        known = table.get(field.name)
+        if known is not None and not widens_to(field.dataType, known.dataType):
+            raise StorageError(
+                f"column {field.name!r} of the Delta table at {path} has no type yet "
+                f"({known.dataType.simpleString()}); {field.dataType.simpleString()} needs "
+                "evolve() before the write"
+            )
+    return frame
+
+
+def _marked_at(stored: StructType, parts: Sequence[str]) -> bool:
+    """Whether the field at ``parts`` (through structs) of a stored schema holds an untyped void."""
+    dtype: DataType = stored
+    field = None
+    for name in parts:
+        if not isinstance(dtype, StructType) or name not in dtype.names:
+            return False
+        field = dtype[name]
+        dtype = field.dataType
+    return field is not None and is_marked(StructType([field]))
+
+
+def _comment(field: StructField) -> str:
+    """A field's comment as DDL (how a void stored as a string is marked, see
+    :mod:`cdc_join.storage.untyped`)."""
+    comment = field.metadata.get("comment")
+    return f" COMMENT {_sql_text(comment)}" if isinstance(comment, str) else ""
 
 
 def _log_version(file_name: str | None) -> int:
@@ -374,6 +423,11 @@ class DeltaSparkStorage:
         return str(row["location"]), None if row["id"] is None else str(row["id"])
 
     def _snapshot(self, path: str, version: int | None = None) -> DataFrame:
+        """The table's rows at ``version`` (default latest), voids read as voids."""
+        return to_logical(self._stored(path, version))
+
+    def _stored(self, path: str, version: int | None = None) -> DataFrame:
+        """The table's rows as stored (:mod:`cdc_join.storage.untyped`)."""
         if not self.exists(path):
             raise StorageError(f"No Delta table at {path}")
         with _spark_errors("read" if version is None else f"read version {version} of", path):
@@ -572,8 +626,9 @@ class DeltaSparkStorage:
         """
         if self.exists(path):
             return False
+        schema = stored_schema(schema)
         columns = ", ".join(
-            f"{quote(f.name)} {_ddl_type(f.dataType)}{'' if f.nullable else ' NOT NULL'}"
+            f"{quote(f.name)} {_ddl_type(f.dataType)}{'' if f.nullable else ' NOT NULL'}{_comment(f)}"
             for f in schema.fields
         )
         props = {**create_properties(properties, cdf=cdf, databricks=on_databricks()), **_features(schema)}
@@ -605,7 +660,7 @@ class DeltaSparkStorage:
 
     def schema(self, path: str) -> StructType:
         """The table's current schema (nullability as declared in the table)."""
-        return self._snapshot(path).schema
+        return logical_schema(self._stored(path).schema)
 
     def history(self, path: str, limit: int | None = None) -> list[dict[str, Any]]:
         """Commits newest first (see :func:`cdc_join.storage.base.normalize_history_entry`)."""
@@ -671,6 +726,8 @@ class DeltaSparkStorage:
     ) -> WriteMetrics:
         df = _few_files(rows)
         self._check_version(path, expected_version)
+        if has_untyped(df.schema):
+            df = to_stored(df, None if option == ("overwriteSchema", "true") else self.schema(path))
         if option is not None:
             self._enable_features(path, df.schema)
         writer = df.write.format("delta").mode(mode)
@@ -704,13 +761,16 @@ class DeltaSparkStorage:
         materializes the source when it must, see the module docstring)."""
         if spec.delete_condition is None and not spec.update and not spec.insert:
             raise ValueError("MergeSpec has no clause: set delete_condition, update or insert")
-        frame = frame_of(source)
         self._check_version(path, expected_version)
-        target_columns = self._snapshot(path).columns
+        stored = self._stored(path).schema
+        frame = to_stored(_typed_before(frame_of(source), stored, path), logical_schema(stored))
+        target_columns = stored.names
         plan = plan_merge(frame.columns, target_columns, spec)
         if plan.add_columns:
             fields = {f.name: f for f in frame.schema.fields}
-            columns = ", ".join(f"{quote(c)} {_ddl_type(fields[c].dataType)}" for c in plan.add_columns)
+            columns = ", ".join(
+                f"{quote(c)} {_ddl_type(fields[c].dataType)}{_comment(fields[c])}" for c in plan.add_columns
+            )
             self._enable_features(path, StructType([fields[c] for c in plan.add_columns]))
             with _spark_errors("add columns to", path):
                 self.spark.sql(f"ALTER TABLE {self._sql_ref(path)} ADD COLUMNS ({columns})")
@@ -755,22 +815,29 @@ class DeltaSparkStorage:
         """Add ``schema``'s new columns; widen types in place with Delta's type widening
         (``delta.enableTypeWidening`` is turned on for it: no file is rewritten), or, where Delta
         cannot widen a type, by rewriting the table once with ``overwriteSchema``."""
-        current = self.schema(path)
+        stored = self._stored(path).schema
+        current = logical_schema(stored)
         target = merge_schemas(current, schema)
-        if target == current:
+        # A void under an array or a map as delta-rs writes it: Delta (Spark) cannot write to
+        # the table until it is stored as this backend stores it (cdc_join.storage.untyped).
+        as_written_by_delta_rs = has_untyped(stored)
+        if target == current and not as_written_by_delta_rs:
             return False
         changed = changed_types(current, target)
         self._enable_features(path, target)
-        if changed and not self._widened(path, changed):
+        # A column stored untyped that gets a type is rewritten with the new comments: an
+        # in-place change would keep the stale one.
+        untyped = any(_marked_at(stored, parts) or needs_storing(t) for parts, t in changed)
+        if as_written_by_delta_rs or (changed and (untyped or not self._widened(path, changed))):
             with _spark_errors("change the schema of", path):
-                rows = conform(self._snapshot(path), target)
+                rows = to_stored(conform(self._snapshot(path), target))
                 writer = rows.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
                 self._save(writer, path)
             self._forget(path)
             return True
         with _spark_errors("change the schema of", path):
             if self.schema(path) != target:  # new columns: an empty append with schema merging
-                empty = self.spark.createDataFrame([], target)
+                empty = self.spark.createDataFrame([], stored_schema(target))
                 self._save(empty.write.format("delta").mode("append").option("mergeSchema", "true"), path)
         self._forget(path)
         return True
@@ -909,7 +976,7 @@ class DeltaSparkStorage:
         if files is None:
             return self._snapshot(path, version)
         resolved = self.version(path) if version is None else int(version)
-        df = self._snapshot(path, resolved)
+        df = self._stored(path, resolved)
         listed = self.files(path, resolved)
         by_name = {basename(f.path): f for f in listed}
         wanted: dict[str, FileStats] = {}
@@ -920,13 +987,13 @@ class DeltaSparkStorage:
                 raise StorageError(f"{file} is not a data file of {where} of the Delta table at {path}")
             wanted[name] = by_name[name]
         if not wanted:
-            return df.where(F.lit(False))
+            return to_logical(df.where(F.lit(False)))
         if len(wanted) == len(by_name):
-            return df
+            return to_logical(df)
         others = [f for name, f in by_name.items() if name not in wanted]
         exact = F.col("_metadata.file_name").isin(sorted(wanted))
         ranges = ranges_predicate(df.schema, skipping_ranges(df.schema, list(wanted.values()), others))
-        return df.where(exact if ranges is None else ranges & exact)
+        return to_logical(df.where(exact if ranges is None else ranges & exact))
 
     def read_arrow(
         self, path: str, columns: Sequence[str] | None = None, files: Sequence[str] | None = None
@@ -975,7 +1042,7 @@ class DeltaSparkStorage:
             meta = table.metadata()
             if meta.partition_columns or meta.configuration.get("delta.columnMapping.mode", "none") != "none":
                 return None
-            if deleted_rows(table):
+            if deleted_rows(table) or MARK in table.schema().to_json():  # a stored void: Spark reads it
                 return None
             names = [
                 unquote(a) for a in pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()
@@ -1125,7 +1192,7 @@ class DeltaSparkStorage:
                 reader = self.spark.read.format("delta").option("readChangeFeed", "true")
                 reader = reader.option("startingVersion", first).option("endingVersion", last)
                 feed = reader.load(self._location(path))
-            changes = feed.drop(_COMMIT_TIMESTAMP)
+            changes = to_logical(feed.drop(_COMMIT_TIMESTAMP))
         return changes.where(F.lit(False)) if empty else changes
 
     def _schema_changes(self, path: str, first: int, last: int) -> list[int]:

@@ -14,6 +14,7 @@ from datetime import date, datetime, timedelta, timezone
 from decimal import Decimal
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
@@ -26,6 +27,7 @@ from pyspark.sql.types import (
     IntegerType,
     LongType,
     MapType,
+    NullType,
     StringType,
     StructField,
     StructType,
@@ -484,6 +486,97 @@ def test_evolve_adds_columns_and_widens_types_keeping_rows(store, spark, tmp_pat
     # A change that is no widening (bigint -> string) leaves the column as it is.
     assert store.evolve(path, StructType([StructField("n", StringType())])) is False
     assert store.schema(path)["n"].dataType == LongType()
+
+
+def test_columns_without_a_type_yet_are_written_read_and_typed_later(store, spark, tmp_path):
+    # A source array that has held only [] or [null] is array<void> (a map of nulls, a struct
+    # field inside an array likewise). Delta on Spark refuses to write a void under an array or
+    # a map; the table must still hold the rows, report the void, and take the type later.
+    path = str(tmp_path / "t")
+    untyped = StructType(
+        [
+            StructField("id", LongType(), False),
+            StructField("ar", ArrayType(NullType())),
+            StructField("m", MapType(StringType(), NullType())),
+            StructField(
+                "s", StructType([StructField("in", ArrayType(NullType())), StructField("n", IntegerType())])
+            ),
+            StructField(
+                "xs", ArrayType(StructType([StructField("x", NullType()), StructField("y", IntegerType())]))
+            ),
+        ]
+    )
+    assert store.create(path, untyped, cdf=True)
+    assert store.schema(path) == untyped
+    store.append(path, spark.createDataFrame([(1, [], {"k": None}, ([None], 1), [(None, 2)])], untyped))
+    store.merge(
+        path,
+        spark.createDataFrame([(1, [None, None], None, None, []), (2, None, {}, ([], None), None)], untyped),
+        MergeSpec(on="t.id = s.id"),
+    )
+    expected = [
+        {"id": 1, "ar": [None, None], "m": None, "s": None, "xs": []},
+        {"id": 2, "ar": None, "m": {}, "s": {"in": [], "n": None}, "xs": None},
+    ]
+    assert store.schema(path) == untyped
+    assert store.read(path).schema.simpleString() == untyped.simpleString()
+    assert rows(store.read(path), "id") == expected
+    arrow = store.read_arrow(path, columns=["id", "ar"]).sort_by("id")
+    assert arrow.schema.field("ar").type.value_type == pa.null()
+    assert arrow.column("ar").to_pylist() == [[None, None], None]
+    changes = store.read_changes(path, 1)
+    inserted = changes.where("_change_type IN ('insert', 'update_postimage')")
+    assert inserted.drop("_change_type", "_commit_version").schema.simpleString() == untyped.simpleString()
+    assert sorted(
+        (r["id"], r["_change_type"], r["ar"] is None, len(r["ar"] or [])) for r in rows(inserted)
+    ) == [
+        (1, "insert", False, 0),
+        (1, "update_postimage", False, 2),
+        (2, "insert", True, 0),
+    ]
+
+    # The first typed values: the columns take their types, the rows stay as they were.
+    typed = StructType(
+        [
+            StructField("id", LongType(), False),
+            StructField("ar", ArrayType(IntegerType())),
+            StructField("m", MapType(StringType(), NullType())),
+            StructField(
+                "s", StructType([StructField("in", ArrayType(StringType())), StructField("n", IntegerType())])
+            ),
+            StructField(
+                "xs", ArrayType(StructType([StructField("x", DateType()), StructField("y", IntegerType())]))
+            ),
+        ]
+    )
+    assert store.evolve(path, typed) is True
+    assert [f.dataType for f in store.schema(path).fields] == [f.dataType for f in typed.fields]
+    assert rows(store.read(path), "id") == expected
+    store.merge(
+        path,
+        spark.createDataFrame([(3, [7], {"k": None}, (["a"], 3), [(date(2024, 1, 2), 4)])], typed),
+        MergeSpec(on="t.id = s.id"),
+    )
+    assert rows(store.read(path), "id")[2] == {
+        "id": 3,
+        "ar": [7],
+        "m": {"k": None},
+        "s": {"in": ["a"], "n": 3},
+        "xs": [{"x": date(2024, 1, 2), "y": 4}],
+    }
+    assert store.schema(path)["m"].dataType == MapType(StringType(), NullType())
+
+
+def test_a_merge_that_would_type_a_column_stored_untyped_asks_for_evolve_first(spark_store, spark, tmp_path):
+    # Delta's MERGE would cast the values to the string an untyped column is stored as, and
+    # they would read back as null.
+    path = str(tmp_path / "t")
+    untyped = StructType([StructField("id", LongType()), StructField("ar", ArrayType(NullType()))])
+    spark_store.create(path, untyped)
+    typed = spark.createDataFrame([(1, [7])], "id long, ar array<int>")
+    with pytest.raises(StorageError, match=r"'ar' .* has no type yet .* evolve"):
+        spark_store.merge(path, typed, MergeSpec(on="t.id = s.id"))
+    assert spark_store.read(path).count() == 0
 
 
 def test_merge_without_any_clause_is_rejected(store, spark, tmp_path):
