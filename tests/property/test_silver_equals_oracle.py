@@ -11,7 +11,10 @@ Three tables: ``lhs`` joined to ``rhs`` on a composite foreign key ``(a, b)`` an
   types come from schemas or from inference (a column that starts out all null is void until
   its first value);
 - equal sequence values (the later landing file, then line, wins), truncates followed by
-  more events, a column whose type widens (``rhs2.w``: int, then bigint with values past 2^31);
+  more events, a column whose type widens (``rhs2.w``: int, then bigint with values past 2^31),
+  an array that holds no element for the first batches (``lhs.ar``: without a Connect schema
+  it has no element type until its first element; ``--hypothesis-show-statistics`` counts the
+  examples where bronze held it so);
 - the sequence rule configured (``sequence_by: [source.lsn]``) or the connector's default, with
   the positions a PostgreSQL (``source.sequence``) or MySQL (binlog file, pos, row) connector
   writes, with numbers that gain digits every few events (text order is not number order);
@@ -40,7 +43,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 
 from cdc_join.report import SimulatedCrash
@@ -173,10 +176,15 @@ def _value(rng: random.Random, type_name: str, wide: bool = False) -> Any:
     raise AssertionError(type_name)
 
 
-def _row(table: str, key: Any, fk: tuple, rng: random.Random, wide: bool) -> dict[str, Any]:
+def _row(
+    table: str, key: Any, fk: tuple, rng: random.Random, wide: bool, untyped: bool = False
+) -> dict[str, Any]:
     if table == "lhs":
         row = {"id": key, "a": fk[0], "b": fk[1], "fk2": fk[2]}
-        return row | {c: _value(rng, TABLES["lhs"][c]) for c in LEFT_VALUES}
+        row |= {c: _value(rng, TABLES["lhs"][c]) for c in LEFT_VALUES}
+        if untyped:  # no element to give the array its type yet
+            row["ar"] = rng.choice([None, [], [None], [None, None]])
+        return row
     if table == "rhs":
         return {"a": key[0], "b": key[1], "value": _value(rng, "string"), "n": _value(rng, "int64")}
     return {
@@ -347,16 +355,21 @@ def test_silver_equals_oracle_after_every_completed_run(
     )
     writer.payload_only = set(payload_only)
     widen_batch = rng.randint(1, batches)  # from this batch on, rhs2.w is a bigint in the schema
-    history = _history(ops, rng, batches, widen_batch)
-    seeds = [_event("lhs", "c", "k0", _row("lhs", "k0", (None, None, None), rng, False), lsn) for lsn in (1,)]
+    # before this batch lhs.ar holds no element (only [], [null] or null): without a Connect
+    # schema it has no element type until then (0: from the start; `batches`: never)
+    typed_batch = rng.randint(0, batches)
+    history = _history(ops, rng, batches, widen_batch, typed_batch)
+    untyped = typed_batch > 0
+    seeds = [_event("lhs", "c", "k0", _row("lhs", "k0", (None, None, None), rng, False, untyped), 1)]
     # A left row no op changes and no redelivery repeats, naming right keys ops do change: only
     # right-driven updates (a lookup, or a recompute's scan) keep its silver row right.
     named = (A_VALUES[0], B_VALUES[0], RHS2_KEYS[0])
-    seeds += [_event("lhs", "c", "k9", _row("lhs", "k9", named, rng, False), 4)]
+    seeds += [_event("lhs", "c", "k9", _row("lhs", "k9", named, rng, False, untyped), 4)]
     seeds += [_event("rhs", "c", (9, "z"), _row("rhs", (9, "z"), (), rng, False), 2)]
     seeds += [_event("rhs2", "c", 99, _row("rhs2", 99, (), rng, False), 3)]
     delivered: list[dict] = []
     held: list[dict] = []
+    untyped_before = False
     for number, batch in enumerate(history):
         last = number == len(history) - 1
         now = held + [e for e in batch if last or rng.random() > 0.3] + (seeds if number == 0 else [])
@@ -371,6 +384,11 @@ def test_silver_equals_oracle_after_every_completed_run(
             writer.tables["rhs2"]["w"] = "int64"
         delivered += _land(writer, now, rng, rule)
         _run_with_crashes(pipeline, rng, PLANS[plans])
+        untyped = _untyped_array(pipeline)  # what --hypothesis-show-statistics counts
+        event("lhs.ar without an element type" if untyped else "lhs.ar typed or absent")
+        if untyped_before and not untyped:
+            event("lhs.ar got its element type in a later batch")
+        untyped_before = untyped_before or untyped
         expected = oracle(delivered, join_types, set(payload_only))
         assert states(pipeline) == expected_states(delivered, set(payload_only)), f"after batch {number}"
         assert silver(pipeline) == expected, f"after batch {number}"
@@ -378,7 +396,19 @@ def test_silver_equals_oracle_after_every_completed_run(
     assert pipeline.verify().ok
 
 
-def _history(ops: list[tuple], rng: random.Random, batches: int, widen_batch: int) -> list[list[dict]]:
+def _untyped_array(pipeline) -> bool:
+    """Whether bronze holds ``lhs.ar`` as an array without an element type yet (a payload-only
+    source whose arrays have been only empty or all null)."""
+    path = pipeline.config.bronze_path("lhs")
+    if not pipeline.storage.exists(path):
+        return False
+    after = pipeline.storage.schema(path)["_after"].dataType
+    return "ar" in after.names and after["ar"].dataType.simpleString() == "array<void>"
+
+
+def _history(
+    ops: list[tuple], rng: random.Random, batches: int, widen_batch: int, typed_batch: int
+) -> list[list[dict]]:
     """The ops as events with sequences (some equal to the previous one), cut into batches."""
     events, lsn = [], 10
     cuts = sorted(rng.sample(range(1, len(ops)), min(batches - 1, len(ops) - 1)))
@@ -386,7 +416,8 @@ def _history(ops: list[tuple], rng: random.Random, batches: int, widen_batch: in
     for i, (table, op, key, a, b, fk2, same_lsn) in enumerate(ops):
         lsn += 0 if same_lsn else 1
         wide = batch_of[i] >= widen_batch
-        row = None if op == "t" else _row(table, key, (a, b, fk2), rng, wide)
+        untyped = batch_of[i] < typed_batch
+        row = None if op == "t" else _row(table, key, (a, b, fk2), rng, wide, untyped)
         # what a PostgreSQL connector would have written it as (other rules ignore it)
         kind = rng.choices(["streamed", "snapshot", "first"], [0.7, 0.15, 0.15])[0]
         if kind == "snapshot" and op in ("d", "t"):
