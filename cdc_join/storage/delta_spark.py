@@ -238,7 +238,7 @@ def _typed_before(frame: DataFrame, stored: StructType, path: str) -> DataFrame:
     string, and they would read as null. :meth:`DeltaSparkStorage.evolve` comes first."""
     if not is_marked(stored):
         return frame
-    marked = {f.name for f in stored.fields if is_marked(StructType([f]))}
+    marked = {f.name for f in stored.fields if is_marked(f)}
     table = {f.name: f for f in logical_schema(stored).fields if f.name in marked}
     for field in frame.schema.fields:
         known = table.get(field.name)
@@ -260,7 +260,7 @@ def _marked_at(stored: StructType, parts: Sequence[str]) -> bool:
             return False
         field = dtype[name]
         dtype = field.dataType
-    return field is not None and is_marked(StructType([field]))
+    return field is not None and is_marked(field)
 
 
 def _comment(field: StructField) -> str:

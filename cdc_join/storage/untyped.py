@@ -58,9 +58,10 @@ def has_untyped(schema: StructType) -> bool:
     return any(needs_storing(f.dataType) for f in schema.fields)
 
 
-def is_marked(schema: StructType) -> bool:
-    """Whether a stored schema has a commented field (a void stored as a string)."""
-    return MARK in schema.json()
+def is_marked(stored: StructType | StructField) -> bool:
+    """Whether a stored schema (or one field of it) has a commented field (a void stored as a
+    string)."""
+    return MARK in stored.json()
 
 
 def to_stored(df: DataFrame, table: StructType | None = None) -> DataFrame:
