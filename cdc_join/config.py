@@ -6,6 +6,7 @@ before any table is touched, with an error naming the file and the key.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import os
 import re
@@ -69,17 +70,21 @@ class SourceConfig:
 
 @dataclass(frozen=True)
 class JoinConfig:
-    """A foreign-key join from the left source to ``right``.
+    """A foreign-key join from a source joined earlier (``source``, the config's ``from``) to
+    ``right``: one hop of a chain, whose left side is ``source``.
 
-    ``foreign_key`` lists left columns matching the right primary key, in order. ``alias`` is
-    the name select expressions use for the right side (defaults to the right source name), so
-    one right table can be joined twice under two aliases.
+    ``foreign_key`` lists columns of ``source`` matching the right primary key, in order.
+    ``source`` is an alias: the left source (the default, left empty until the pipeline fills
+    it in) or the alias of an earlier join. ``alias`` is the name select expressions use for
+    the right side (defaults to the right source name), so one right table can be joined twice
+    under two aliases.
     """
 
     right: str
     foreign_key: tuple[str, ...]
     type: JoinType = JoinType.INNER
     alias: str = ""
+    source: str = ""
 
     def __post_init__(self) -> None:
         if not self.alias:
@@ -166,9 +171,37 @@ class PipelineConfig:
             return None
         return _join(self.lake, "_cdc_join", self.name, "_lock")
 
+    def __post_init__(self) -> None:
+        # A join without ``from`` hangs off the left source.
+        joins = tuple(j if j.source else dataclasses.replace(j, source=self.left) for j in self.joins)
+        object.__setattr__(self, "joins", joins)
+
     @property
     def left_source(self) -> SourceConfig:
         return self.sources[self.left]
+
+    def source_of(self, alias: str) -> str:
+        """The source an alias reads: the left source's name, or a join's right source."""
+        return self.left if alias == self.left else self.join_for_alias(alias).right
+
+    def hop_left(self, join: JoinConfig) -> SourceConfig:
+        """The source on the left side of one hop: the one whose rows hold its foreign key."""
+        return self.sources[self.source_of(join.source)]
+
+    @property
+    def hop_sources(self) -> tuple[str, ...]:
+        """Sources on the left side of some hop (the left source first): a change of one of
+        them moves that hop's subscriptions, so its state keeps the rows it replaces."""
+        return tuple(dict.fromkeys([self.left, *(self.source_of(j.source) for j in self.joins)]))
+
+    def hops_from(self, alias: str) -> tuple[JoinConfig, ...]:
+        """The joins whose foreign key is a column of ``alias``'s rows."""
+        return tuple(j for j in self.joins if j.source == alias)
+
+    @property
+    def chained(self) -> bool:
+        """Whether some join's foreign key is a column of a joined source, not of the left."""
+        return any(j.source != self.left for j in self.joins)
 
     def join_for_alias(self, alias: str) -> JoinConfig:
         for j in self.joins:
@@ -283,11 +316,7 @@ _TOP_KEYS = {
 _TOP_KEYS |= {"description"}
 _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$")
 _SOURCE_KEYS = {"landing", "bronze", "primary_key", "sequence_by", "connector", "columns"}
-_JOIN_KEYS = {"right", "foreign_key", "type", "as"}
-_NO_CHAINS = (
-    "join chains are not supported yet: every join's foreign key must be a column of the left "
-    "source (denormalize the chain's source upstream, or join its result in a second pipeline)"
-)
+_JOIN_KEYS = {"right", "foreign_key", "type", "as", "from"}
 _NO_COLLECT = (
     "nested children (type: collect) are not supported yet; joins are 'inner' or 'left' "
     "(build the array downstream of silver, e.g. collect_list grouped by the parent key)"
@@ -559,7 +588,12 @@ def _joins(
         return (), {"?"}
     joins, failed = [], set()
     for i, spec in enumerate(raw):
-        join = p.value(lambda i=i, spec=spec: _one_join(spec, f"joins[{i}]", sources, broken, left, p))
+        earlier = [j.alias for j in joins]
+        join = p.value(
+            lambda i=i, spec=spec, earlier=earlier: _one_join(
+                spec, f"joins[{i}]", sources, broken, left, earlier, p
+            )
+        )
         if join is None:
             failed.add(str(spec.get("as") or spec.get("right")) if isinstance(spec, Mapping) else "?")
             continue
@@ -577,14 +611,18 @@ def _joins(
 
 
 def _one_join(
-    spec: Any, key: str, sources: Mapping[str, SourceConfig], broken: set[str], left: str | None, p: Problems
+    spec: Any,
+    key: str,
+    sources: Mapping[str, SourceConfig],
+    broken: set[str],
+    left: str | None,
+    earlier: list[str],
+    p: Problems,
 ) -> JoinConfig | None:
     if not isinstance(spec, Mapping):
         raise ConfigError("must be a mapping", key=key)
     errors = len(p.found)
-    if "from" in spec:
-        p.found.append(ConfigError(_NO_CHAINS, key=f"{key}.from"))
-    p.unknown_keys({k: v for k, v in spec.items() if k != "from"}, _JOIN_KEYS, key)
+    p.unknown_keys(spec, _JOIN_KEYS, key)
     right = p.value(lambda: _right(spec, key, sources, broken, left))
     fk = p.value(lambda: _columns(_required(spec, "foreign_key", key), f"{key}.foreign_key"))
     if right in sources and fk is not None and len(fk) != len(sources[right].primary_key):
@@ -599,9 +637,23 @@ def _one_join(
     type_text = spec.get("type", "inner")
     join_type = p.value(lambda: _join_type(type_text, key))
     alias = p.value(lambda: _name(spec["as"], f"{key}.as")) if "as" in spec else right
-    if len(p.found) > errors or right is None:
+    source = p.value(lambda: _from(spec, key, earlier, left)) if "from" in spec else left
+    if len(p.found) > errors or right is None or source is None:
         return None
-    return JoinConfig(right=right, foreign_key=fk, type=join_type, alias=alias)
+    return JoinConfig(right=right, foreign_key=fk, type=join_type, alias=alias, source=source)
+
+
+def _from(spec: Mapping[str, Any], key: str, earlier: list[str], left: str | None) -> str | None:
+    """A join's ``from``: the left source or the alias of a join listed before it."""
+    name = _string(spec["from"], f"{key}.from")
+    if left is None or name == left or name in earlier:
+        return name
+    known = [left, *earlier]
+    raise ConfigError(
+        f"{name!r} is not joined before this join; 'from' names the left source or an earlier "
+        f"join's alias: {', '.join(map(repr, known))}",
+        key=f"{key}.from",
+    )
 
 
 def _right(

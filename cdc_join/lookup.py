@@ -62,50 +62,86 @@ def all_subscribers(
     changes: Mapping[str, state.SourceChanges],
     counts: dict[str, Any],
 ) -> dict[str, ChangeSet]:
-    """Per join, the current subscribers of its changed right keys, all read in one Spark job.
+    """Per join, the current subscribers of its changed right keys; in a chain, walking back.
+
+    A hop's right keys count as changed when their source changed, and also when they
+    subscribe to a changed key of a later hop (``orders → customers → nations``: a changed
+    nation finds its customers, which find their orders). So the hops are looked up from the
+    end of the chain to its start, the hops of one depth in one Spark job. Subscribers found
+    this way are not checked yet: the stale check (:func:`cdc_join.resolve.check`) compares
+    each hop's with its left side's current rows, and a stale one found here costs work only.
 
     ``counts`` gets, per join alias, the changed right keys, the files the prefix-range reads
     scanned and skipped, and the subscribers found.
     """
-    found = {}
-    for join in config.joins:
-        keys = changed_right_keys(changes[join.right].keys, config.sources[join.right], join)
-        path = config.subscription_path(join)
-        if keys.rows and storage.exists(path):
-            found[join.alias], scans = subscribers(storage, config, join, keys, storage.version(path))
-            counts[join.alias] = {"right_keys_changed": keys.rows, **scans.as_counts()}
-    done = dict(zip(found, materialize_all(list(found.values())), strict=True)) if found else {}
-    for alias, rows in done.items():
+    found: dict[str, ChangeSet] = {}
+    for level in reversed(_levels(config)):
+        pending = {}
+        for join in level:
+            right = config.sources[join.right]
+            keys = [changed_right_keys(changes[join.right].keys, right, join)]
+            keys += [
+                _as_right_keys(found[j.alias], right, join)
+                for j in config.hops_from(join.alias)
+                if j.alias in found
+            ]
+            named = ChangeSet.concat(keys, fk_columns(join))
+            path = config.subscription_path(join)
+            if named.rows and storage.exists(path):
+                pending[join.alias], scans = subscribers(storage, config, join, named, storage.version(path))
+                counts[join.alias] = {"right_keys_changed": named.rows, **scans.as_counts()}
+        if pending:
+            found.update(zip(pending, materialize_all(list(pending.values())), strict=True))
+    for alias, rows in found.items():
         counts[alias]["subscribers"] = rows.rows
-    return done
+    return {j.alias: found[j.alias] for j in config.joins if j.alias in found}
+
+
+def _levels(config: PipelineConfig) -> list[list[JoinConfig]]:
+    """The joins by their depth in the chain: those off the left source first."""
+    depth: dict[str, int] = {config.left: 0}
+    levels: list[list[JoinConfig]] = []
+    for join in config.joins:  # a join's ``from`` is listed before it
+        depth[join.alias] = depth[join.source] + 1
+        if len(levels) < depth[join.alias]:
+            levels.append([])
+        levels[depth[join.alias] - 1].append(join)
+    return levels
+
+
+def _as_right_keys(found: ChangeSet, right: SourceConfig, join: JoinConfig) -> ChangeSet:
+    """The left-side keys of a later hop's subscribers (``pk_*``) as this hop's ``fk_*``."""
+    names = dict(zip(pk_columns(right), fk_columns(join), strict=True))
+    return found.distinct(list(names)).renamed(names)
 
 
 def subscribers(
     storage: Storage, config: PipelineConfig, join: JoinConfig, changed: ChangeSet, version: int
 ) -> tuple[DataFrame, ScanStats]:
     """The current subscribers of the changed right keys (``changed``: ``fk_*``), as
-    ``pk_*, fk_*, _lhs_hash``: a prefix-range read of the fk-clustered subscription table."""
-    rows, stats = subscription.current(
-        storage, config.subscription_path(join), join, config.left_source, version, changed
-    )
-    return rows.select(*pk_columns(config.left_source), *fk_columns(join), LHS_HASH), stats
+    ``pk_*, fk_*, _lhs_hash``: a prefix-range read of the fk-clustered subscription table.
+    ``pk_*`` is the key of the hop's left side."""
+    left = config.hop_left(join)
+    rows, stats = subscription.current(storage, config.subscription_path(join), join, left, version, changed)
+    return rows.select(*pk_columns(left), *fk_columns(join), LHS_HASH), stats
 
 
-def left_keys_naming(
-    storage: Storage, config: PipelineConfig, join: JoinConfig, changed: ChangeSet, version: int
+def keys_naming(
+    storage: Storage, config: PipelineConfig, join: JoinConfig, named: DataFrame, version: int, *, small: bool
 ) -> DataFrame:
-    """The keys of every left state row whose foreign key names a changed right key
-    (``changed``: ``fk_*``), by one scan of the left state: the set-based form of
-    :func:`subscribers`, for a run that changes too many right keys for prefix-range reads.
+    """The keys of every state row of the hop's left side whose foreign key names one of
+    ``named`` (``fk_*``), by one scan of that state: the set-based form of :func:`subscribers`,
+    for a run that changes too many right keys for prefix-range reads. ``small``: ``named``
+    may be broadcast.
 
     Every row of the table counts, superseded ones too (a key's current row is only known once
     its rows are folded): a key whose current row names none of the changed keys is computed
     again for nothing, and the silver MERGE finds its row unchanged. Foreign keys compare as in
     the join that builds silver rows (a null part matches nothing).
     """
-    stored = storage.read(config.state_path(config.left), version)
-    # Broadcast unless the keys are many (a truncate of a large right table changes all of them).
-    named = F.broadcast(changed.frame) if changed.rows <= BROADCAST_KEYS else changed.frame
+    left = config.hop_left(join)
+    stored = storage.read(config.state_path(left.name), version)
+    named = F.broadcast(named) if small else named
     on = functools.reduce(
         operator.and_,
         [
@@ -113,7 +149,7 @@ def left_keys_naming(
             for c, f in zip(join.foreign_key, fk_columns(join), strict=True)
         ],
     )
-    return stored.join(named, on, "left_semi").select(*quoted(config.left_source.primary_key))
+    return stored.join(named, on, "left_semi").select(*quoted(left.primary_key))
 
 
 def changed_right_keys(keys: ChangeSet, right: SourceConfig, join: JoinConfig) -> ChangeSet:

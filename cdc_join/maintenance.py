@@ -167,7 +167,7 @@ def _compact(storage: Storage, config: PipelineConfig, path: str, kind: str, las
         return state.compact(storage, path, config.sources[name].primary_key, last_run, before)
     if kind == "subscription":
         join = next(j for j in config.joins if config.subscription_path(j) == path)
-        return subscription.compact(storage, path, join, config.left_source, last_run)
+        return subscription.compact(storage, path, join, config.hop_left(join), last_run)
     storage.optimize(path, target_size=target_file_size(kind))
     return None
 

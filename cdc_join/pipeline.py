@@ -115,15 +115,13 @@ class Pipeline:
             run_paths.recompute(run, pinned, replace=plan.replace_silver)
             return checkpoint(pinned, watermarks)
         subscribers = run_paths.lookups(run, changes()) if plan.path is RunPath.INCREMENTAL else {}
-        applied, left_current = state.apply_all(
-            store, cfg, changes(), subscribers, previous, run_id, report.step
-        )
+        applied, current = state.apply_all(store, cfg, changes(), subscribers, previous, run_id, report.step)
         pinned = {name: a.version for name, a in applied.items()}
-        left_changed = applied[cfg.left].changes
+        changed = {name: applied[name].changes for name in cfg.hop_sources}
         if plan.path is RunPath.RECOMPUTE:
-            run_paths.recompute(run, pinned, None if plan.rebuild_subscriptions else left_changed)
+            run_paths.recompute(run, pinned, None if plan.rebuild_subscriptions else changed)
         elif plan.path is RunPath.RECOMPUTE_AFFECTED:
             run_paths.recompute_affected(run, applied, pinned)
         else:
-            run_paths.incremental(run, left_changed, left_current, subscribers, pinned)
+            run_paths.incremental(run, changed, current, subscribers, pinned)
         return checkpoint(pinned, {n: a.watermark for n, a in applied.items() if a.watermark})

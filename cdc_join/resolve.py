@@ -30,7 +30,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, StructField, StructType
 
 from cdc_join import lookup, state, subscription
-from cdc_join.changeset import ChangeSet, materialize, one_partition, same_values
+from cdc_join.changeset import ChangeSet, arrow_schema, materialize, one_partition, same_values
 from cdc_join.columns import (
     ACTION,
     DELETED,
@@ -65,10 +65,12 @@ def check(
 
     Args:
         subscribers: ``pk_*, fk_*, _lhs_hash`` of one join.
-        left_current: current left state rows (tombstones included) of at least their keys.
-        changed: ``pk_*`` of the left keys that changed in this run; they are left out.
+        left_current: current state rows (tombstones included) of the hop's left side, of at
+            least their keys.
+        changed: ``pk_*`` of the hop's left keys that changed in this run; they are left out.
     """
-    left, pks = config.left_source, pk_columns(config.left_source)
+    left = config.hop_left(join)
+    pks = pk_columns(left)
     found = (
         subscribers.table.join(changed, keys=pks, join_type="left anti")
         if changed.num_rows
@@ -143,41 +145,47 @@ class Resolved:
 def incremental(
     storage: Storage,
     config: PipelineConfig,
-    left_changed: ChangeSet,
-    left_current: ChangeSet,
+    changed: Mapping[str, ChangeSet],
+    current: Mapping[str, ChangeSet],
     subscribers: Mapping[str, ChangeSet],
     pinned: Mapping[str, int],
     run_id: int,
 ) -> Resolved:
-    """Instructions and the stale check on the driver, then one Spark job for the silver rows.
+    """Instructions and the stale check on the driver, then one Spark job for the silver rows
+    (one more per chained hop, to read the foreign keys of the next).
 
     Args:
-        left_changed: changed left keys with their ``_old`` and ``_new`` rows.
-        left_current: current left state rows of every key that may be affected (the changed
-            ones and the subscribers of changed right keys), on the driver.
+        changed: per source on the left side of a hop, its changed keys with their ``_old``
+            and ``_new`` rows.
+        current: per such source, the current state rows of every key of it that may be
+            affected (the changed ones and the subscribers of changed right keys), on the driver.
         subscribers: per join alias, the subscribers of its changed right keys.
         pinned: the state versions the run reads.
     """
+    instructions = subscription.instructions_all(changed, config)
+    changed_keys = {name: _keys(config, name, rows) for name, rows in changed.items()}
+    checked = {}
+    for alias, found in subscribers.items():
+        if found.rows:
+            join = config.join_for_alias(alias)
+            name = config.source_of(join.source)
+            checked[alias] = check(found, current[name], changed_keys[name].table, config, join)
     left, pks = config.left_source, pk_columns(config.left_source)
-    renamed = dict(zip(left.primary_key, pks, strict=True))
-    changed = left_changed.distinct(list(left.primary_key)).renamed(renamed)
-    instructions = subscription.instructions_all(left_changed, config)
-    checked = {
-        alias: check(found, left_current, changed.table, config, config.join_for_alias(alias))
-        for alias, found in subscribers.items()
-        if found.rows
-    }
+    # Subscribers of the hops off the left source are silver keys; a chain's later hops found
+    # theirs by walking back to them (:func:`cdc_join.lookup.all_subscribers`).
     valid = [
         c.filtered(pc.invert(pc.fill_null(c.table.column(STALE), True))).distinct(pks)
-        for c in checked.values()
+        for alias, c in checked.items()
+        if config.join_for_alias(alias).source == config.left
     ]
-    affected = ChangeSet.concat([changed, *valid], pks)
+    affected = ChangeSet.concat([changed_keys[config.left], *valid], pks)
     if not affected.rows:
         return Resolved(instructions, checked, None)
+    renamed = dict(zip(left.primary_key, pks, strict=True))
     in_scope = _rows_of_keys(
-        left_current, affected.renamed({p: c for c, p in renamed.items()}), list(left.primary_key)
+        current[config.left], affected.renamed({p: c for c, p in renamed.items()}), list(left.primary_key)
     )
-    right = {j.alias: _right_rows_named(storage, config, j, in_scope, pinned) for j in config.joins}
+    right = _right_rows_named(storage, config, in_scope, pinned)
     # The run id comes as a column, not as a literal: the query's code then compiles once per
     # session, not once per run (a left source with a column of that name gets the literal).
     run: int | str = run_id
@@ -191,6 +199,14 @@ def incremental(
     return Resolved(instructions, checked, materialize(rows))
 
 
+def _keys(config: PipelineConfig, name: str, changed: ChangeSet) -> ChangeSet:
+    """A source's changed keys as ``pk_*``."""
+    source = config.sources[name]
+    return changed.distinct(list(source.primary_key)).renamed(
+        dict(zip(source.primary_key, pk_columns(source), strict=True))
+    )
+
+
 def _rows_of_keys(rows: ChangeSet, keys: ChangeSet, columns: list[str]) -> ChangeSet:
     """The rows whose ``columns`` equal a row of ``keys`` (joined on the driver by position, so
     columns of any type come along)."""
@@ -199,22 +215,39 @@ def _rows_of_keys(rows: ChangeSet, keys: ChangeSet, columns: list[str]) -> Chang
     return ChangeSet(rows.spark, rows.schema, rows.table.take(pc.unique(hits)))
 
 
-def _fk_values(left_rows: ChangeSet, join: JoinConfig) -> ChangeSet:
-    """The distinct foreign keys of left rows on the driver, as the join's ``fk_*`` columns."""
+def _fk_values(rows: ChangeSet, join: JoinConfig) -> ChangeSet:
+    """The distinct foreign keys of a hop's left rows on the driver, as the join's ``fk_*``."""
     names = dict(zip(join.foreign_key, fk_columns(join), strict=True))
-    return left_rows.distinct(list(join.foreign_key)).renamed(names)
+    return rows.distinct(list(join.foreign_key)).renamed(names)
 
 
 def _right_rows_named(
-    storage: Storage,
-    config: PipelineConfig,
-    join: JoinConfig,
-    left_rows: ChangeSet,
-    pinned: Mapping[str, int],
-) -> DataFrame:
-    """The live right rows the left rows' foreign keys name (a keyed read, skipping files)."""
-    right, path = config.sources[join.right], config.state_path(join.right)
-    return lookup.right_rows(storage, path, pinned[join.right], right, join, _fk_values(left_rows, join))
+    storage: Storage, config: PipelineConfig, left_rows: ChangeSet, pinned: Mapping[str, int]
+) -> dict[str, DataFrame]:
+    """Per join, the live right rows the left rows' foreign keys name (a keyed read, skipping
+    files); down a chain, those the rows named by the hop before name (read on the driver)."""
+    rows: dict[str, DataFrame] = {}
+    held = {config.left: left_rows}
+    for join in config.joins:
+        right, path = config.sources[join.right], config.state_path(join.right)
+        frame = lookup.right_rows(
+            storage, path, pinned[join.right], right, join, _fk_values(held[join.source], join)
+        )
+        if config.hops_from(join.alias):
+            named = materialize(frame)
+            held[join.alias] = _values_of(named)
+            frame = named.frame
+        rows[join.alias] = frame
+    return rows
+
+
+def _values_of(right: ChangeSet) -> ChangeSet:
+    """The right rows' values (the ``_right`` struct) as columns of their own."""
+    struct = right.schema[RIGHT].dataType
+    assert isinstance(struct, StructType)
+    column = right.table.column(RIGHT).combine_chunks()
+    table = pa.Table.from_struct_array(column) if len(column) else arrow_schema(struct).empty_table()
+    return ChangeSet(right.spark, struct, table)
 
 
 def build_rows(
@@ -270,7 +303,7 @@ def _join_right(rows: DataFrame, config: PipelineConfig, join: JoinConfig, right
         f"{RIGHT_SEQ} AS {quote(lineage_column(join.alias))}",
     )
     on = " AND ".join(
-        f"{quote(config.left)}.{quote(c)} = {quote(k)}" for c, k in zip(join.foreign_key, keys, strict=True)
+        f"{quote(join.source)}.{quote(c)} = {quote(k)}" for c, k in zip(join.foreign_key, keys, strict=True)
     )
     return rows.join(renamed, F.expr(on), "left").drop(*keys)
 
@@ -308,14 +341,14 @@ def select_schema(storage: Storage, config: PipelineConfig) -> StructType:
             for alias, source in aliases
         ]
     )
-    left_columns = rows[config.left].dataType
     problems = []
     for i, join in enumerate(config.joins):
+        left_columns = rows[join.source].dataType
         missing = [c for c in join.foreign_key if c not in left_columns.names]
         if missing:
             problems.append(
                 ConfigError(
-                    f"{config.left!r} has no column {', '.join(map(repr, missing))}; its columns are "
+                    f"{join.source!r} has no column {', '.join(map(repr, missing))}; its columns are "
                     f"{', '.join(left_columns.names)}",
                     key=f"joins[{i}].foreign_key",
                 )
@@ -364,46 +397,64 @@ def recompute(storage: Storage, config: PipelineConfig, pinned: Mapping[str, int
 def recompute_affected(
     storage: Storage,
     config: PipelineConfig,
-    left_changed: ChangeSet,
-    right_changed: Mapping[str, ChangeSet],
+    changed: Mapping[str, ChangeSet],
     pinned: Mapping[str, int],
     run_id: int,
 ) -> DataFrame | None:
     """Silver rows of the left keys a run affects, found and built by joining whole state
     tables in Spark (the cost rule's recompute): the set-based form of :func:`incremental`.
 
-    The affected keys are the changed left keys and every left key whose foreign key names a
-    changed right key (:func:`cdc_join.lookup.left_keys_naming`, a scan of the left state,
-    instead of prefix-range reads of the subscriptions). Their rows come from the current left
-    rows, so there is nothing stale to check. Rows of other keys cannot have changed since the
-    last completed run left silver right, so silver is not read.
+    The affected keys are the changed left keys and every left key whose foreign key names an
+    affected key of a hop's right side: one that changed, or, down a chain, whose own foreign
+    key names an affected key of the next hop (:func:`cdc_join.lookup.keys_naming`, scans of
+    the state tables, instead of prefix-range reads of the subscriptions). Their rows come from
+    the current left rows, so there is nothing stale to check. Rows of other keys cannot have
+    changed since the last completed run left silver right, so silver is not read.
 
     Args:
-        left_changed: the changed left keys (their primary key columns, any others ignored).
-        right_changed: per join alias, the changed keys of its right source (primary key columns).
+        changed: per source, its changed keys (its primary key columns, any others ignored).
         pinned: the state versions the run reads (after this run's appends).
 
     Returns:
         As :func:`build_rows`, or ``None`` when nothing is affected.
     """
-    left = config.left_source
-    key = list(left.primary_key)
-    version = pinned[config.left]
-    hits = [left_changed.distinct(key).frame] if left_changed.rows else []
-    for join in config.joins:
-        changed = lookup.changed_right_keys(right_changed[join.alias], config.sources[join.right], join)
-        if changed.rows:
-            hits.append(lookup.left_keys_naming(storage, config, join, changed, version))
-    if not hits:
+    found = _affected(storage, config, config.left, changed, pinned)
+    if found is None:
         return None
     # A key listed twice is read once: a semi-join keeps each state row at most once. It puts
     # the key columns first; the row's own order is restored, since ``select`` may depend on it
     # (``to_json(orders)``).
-    affected = functools.reduce(DataFrame.unionByName, hits)
-    stored = storage.read(config.state_path(config.left), version)
-    in_scope = stored.join(affected, key, "left_semi").select(*quoted(stored.columns))
+    key = list(config.left_source.primary_key)
+    stored = storage.read(config.state_path(config.left), pinned[config.left])
+    in_scope = stored.join(found, key, "left_semi").select(*quoted(stored.columns))
     left_rows = state.newest(in_scope, key)
     return _build_from_whole_right(storage, config, left_rows, pinned, run_id)
+
+
+def _affected(
+    storage: Storage,
+    config: PipelineConfig,
+    alias: str,
+    changed: Mapping[str, ChangeSet],
+    pinned: Mapping[str, int],
+) -> DataFrame | None:
+    """The keys (primary key columns) of ``alias``'s source whose joined row a run changes:
+    its changed keys, and those naming an affected key of a hop off ``alias``; ``None``: none."""
+    name = config.source_of(alias)
+    source = config.sources[name]
+    own = changed[name].distinct(list(source.primary_key))
+    hits = [own.frame] if own.rows else []
+    for join in config.hops_from(alias):
+        further = _affected(storage, config, join.alias, changed, pinned)
+        if further is None:
+            continue
+        right = config.sources[join.right]
+        named = further.selectExpr(
+            *[f"{quote(c)} AS {quote(f)}" for c, f in zip(right.primary_key, fk_columns(join), strict=True)]
+        )
+        few = changed[join.right].rows <= lookup.BROADCAST_KEYS and not config.hops_from(join.alias)
+        hits.append(lookup.keys_naming(storage, config, join, named, pinned[name], small=few))
+    return functools.reduce(DataFrame.unionByName, hits) if hits else None
 
 
 def _build_from_whole_right(

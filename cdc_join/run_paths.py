@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from pyspark.sql import DataFrame
+
 from cdc_join import lookup, resolve, silver, state, subscription
 from cdc_join.changeset import ChangeSet, materialize
 from cdc_join.config import PipelineConfig
@@ -51,17 +53,17 @@ def lookups(run: Run, changes: Mapping[str, state.SourceChanges]) -> dict[str, C
 
 def incremental(
     run: Run,
-    left_changed: ChangeSet,
-    left_current: ChangeSet,
+    changed: Mapping[str, ChangeSet],
+    current: Mapping[str, ChangeSet],
     subscribers: Mapping[str, ChangeSet],
     pinned: Mapping[str, int],
 ) -> None:
-    """The KIP-213 path: instructions, responses and rows for the changed keys only."""
+    """The KIP-213 path: instructions, responses and rows for the changed keys only.
+    ``changed`` and ``current``: per source on the left side of a hop, as
+    :func:`cdc_join.resolve.incremental` takes them."""
     store, cfg, report = run.store, run.config, run.report
     with report.step("resolve") as counts:
-        resolved = resolve.incremental(
-            store, cfg, left_changed, left_current, subscribers, pinned, run.run_id
-        )
+        resolved = resolve.incremental(store, cfg, changed, current, subscribers, pinned, run.run_id)
         counts.update(stale_dropped=resolved.stale_dropped, affected_keys=resolved.affected_keys)
     _merge_silver(run, resolved.rows)
     subscription.write_all(store, cfg, resolved.instructions, run.run_id, report.step)
@@ -76,43 +78,48 @@ def recompute_affected(run: Run, applied: Mapping[str, state.Applied], pinned: M
     joining whole state tables in Spark; the subscriptions get the changed left keys'
     instructions, as in an incremental run."""
     store, cfg, report = run.store, run.config, run.report
-    left_changed = applied[cfg.left].changes
+    changed = {name: a.changes for name, a in applied.items()}
     report.steps.update({f"lookup:{j.alias}": {"skipped": _SCANNED} for j in cfg.joins})
-    right_changed = {j.alias: applied[j.right].changes for j in cfg.joins}
-    found = resolve.recompute_affected(store, cfg, left_changed, right_changed, pinned, run.run_id)
+    found = resolve.recompute_affected(store, cfg, changed, pinned, run.run_id)
     if found is not None and silver.reshapes(store, cfg, found):
         # A column silver cannot take as it is: the whole join replaces silver's rows.
-        recompute(run, pinned, left_changed)
+        recompute(run, pinned, changed)
         return
     with report.step("resolve") as counts:
         rows = None if found is None else materialize(found)
         counts["affected_keys"] = 0 if rows is None else rows.rows
     _merge_silver(run, rows if rows is not None and rows.rows else None)
-    instructions = subscription.instructions_all(left_changed, cfg)
+    instructions = subscription.instructions_all(changed, cfg)
     subscription.write_all(store, cfg, instructions, run.run_id, report.step)
     report.steps["cleanup"] = dict(_UNCHECKED)
 
 
 def recompute(
-    run: Run, pinned: Mapping[str, int], left_changed: ChangeSet | None = None, replace: str | None = None
+    run: Run,
+    pinned: Mapping[str, int],
+    changed: Mapping[str, ChangeSet] | None = None,
+    replace: str | None = None,
 ) -> None:
     """The whole join from the pinned state, silver's differences MERGEd (with ``replace``, the
-    reason, silver's rows replaced). Subscriptions are rebuilt from the left state when
-    ``left_changed`` is ``None``, else they get the changed left keys' instructions."""
+    reason, silver's rows replaced). Subscriptions are rebuilt from the state of each hop's
+    left side when ``changed`` is ``None``, else they get the changed keys' instructions."""
     store, cfg, report = run.store, run.config, run.report
-    if left_changed is None:
-        left_rows = state.read_current(
-            store, cfg.state_path(cfg.left), cfg.left_source.primary_key, pinned[cfg.left]
-        )
-        subscription.rebuild_all(store, cfg, left_rows, run.run_id, report.step)
+    if changed is None:
+
+        def rows_of(name: str) -> DataFrame:
+            return state.read_current(
+                store, cfg.state_path(name), cfg.sources[name].primary_key, pinned[name]
+            )
+
+        subscription.rebuild_all(store, cfg, rows_of, run.run_id, report.step)
     report.steps.update({f"lookup:{j.alias}": {"skipped": _JOINED} for j in cfg.joins})
     with report.step("resolve") as counts:
         rows = resolve.recompute(store, cfg, pinned, run.run_id)
         counts["affected_keys"] = "all"
     with report.step("silver") as counts:
         counts.update(silver.write_all(store, cfg, rows, run.silver_version, replace=replace))
-    if left_changed is not None:
-        instructions = subscription.instructions_all(left_changed, cfg)
+    if changed is not None:
+        instructions = subscription.instructions_all(changed, cfg)
         subscription.write_all(store, cfg, instructions, run.run_id, report.step)
     report.steps["cleanup"] = dict(_UNCHECKED)
 

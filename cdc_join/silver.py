@@ -32,7 +32,7 @@ from pyspark.sql.types import ArrayType, DataType, MapType, StructField, StructT
 
 from cdc_join.changeset import Rows, collect, from_arrow
 from cdc_join.columns import ACTION, RUN_ID, output_columns, silver_key_columns, table_properties
-from cdc_join.config import PipelineConfig
+from cdc_join.config import JoinConfig, PipelineConfig
 from cdc_join.errors import ConcurrentRunError
 from cdc_join.schemas import quote, widens_to
 from cdc_join.storage import MergeSpec, Storage
@@ -99,7 +99,16 @@ def definition(config: PipelineConfig, types: Sequence[Sequence[str]] | None = N
     types (:func:`source_types`)."""
     found = {
         "left": config.left,
-        "joins": [[j.right, j.alias, list(j.foreign_key), j.type.value] for j in config.joins],
+        "joins": [
+            [
+                j.right,
+                j.alias,
+                list(j.foreign_key),
+                j.type.value,
+                *([j.source] if j.source != config.left else []),
+            ]
+            for j in config.joins
+        ],
         "select": [[name, expression] for name, expression in config.select],
         "output": config.output,
         "keys": [[name, list(config.sources[name].primary_key)] for name in _joined(config)],
@@ -107,6 +116,13 @@ def definition(config: PipelineConfig, types: Sequence[Sequence[str]] | None = N
     if types is not None:
         found["types"] = [list(t) for t in types]
     return found
+
+
+def _join_definition(config: PipelineConfig, join: JoinConfig) -> list[Any]:
+    """A join as the definition keeps it; ``from`` only in a chain (so that a pipeline without
+    one keeps the definition it had before chains)."""
+    found: list[Any] = [join.right, join.alias, list(join.foreign_key), join.type.value]
+    return found if join.source == config.left else [*found, join.source]
 
 
 def source_types(storage: Storage, config: PipelineConfig) -> list[list[str]]:

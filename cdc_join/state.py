@@ -387,7 +387,7 @@ def append(storage: Storage, path: str, rows: pa.Table) -> int:
 @dataclass(frozen=True)
 class Applied:
     """What a run applied to one state table. ``changes`` holds one row per key whose current
-    row changed (for the left source with its ``_old`` and ``_new`` rows)."""
+    row changed (for a source on the left side of a hop, with its ``_old`` and ``_new`` rows)."""
 
     changes: ChangeSet
     events: int
@@ -416,11 +416,12 @@ def apply_all(
     previous: Checkpoint,
     run_id: int,
     step: Step,
-) -> tuple[dict[str, Applied], ChangeSet]:
+) -> tuple[dict[str, Applied], dict[str, ChangeSet]]:
     """Apply every source's changes (one Spark job for all, then one append per source).
 
-    Returns what was applied per source, and the current left rows of every key the run may
-    affect: the changed left keys and the subscribers of changed right keys.
+    Returns what was applied per source, and per source on the left side of a hop
+    (:attr:`~cdc_join.config.PipelineConfig.hop_sources`) the current rows of every key of it
+    the run may affect: its changed keys and the subscribers of its hops' changed right keys.
     """
     with step("state"):
         before = {name: Previous.of(previous, name) for name in config.sources}
@@ -433,7 +434,8 @@ def apply_all(
                 storage, config.state_path(name), config.sources[name], changes[name], done.get(name)
             )
             counts.update(out[name].as_counts())
-    return out, current(storage, config.state_path(config.left), done.get(config.left))
+    held = {name: current(storage, config.state_path(name), done.get(name)) for name in config.hop_sources}
+    return out, held
 
 
 def rebuild_all(
@@ -462,19 +464,24 @@ def frames(
 ) -> dict[str, DataFrame]:
     """Per source with changes, the frame that applying them writes, to run all in one job.
 
-    The left source (and a source a new truncate hits) gets :func:`images`; the left images are
-    also read for the keys of the subscribers of changed right keys, so one read of the left
-    table gives both the old rows of changed keys and the current rows of affected ones. A
-    right source gets the increment's newest row per key: appending it is enough, since
-    readers keep the newest row of a key (an older row appended changes nothing).
+    A source on the left side of a hop (the left source, a chain's middle sources) and a source
+    a new truncate hits get :func:`images`; a hop's images are also read for the keys of the
+    subscribers of its changed right keys, so one read of the table gives both the old rows of
+    changed keys (their subscriptions move) and the current rows of affected ones (the stale
+    check). Any other source gets the increment's newest row per key: appending it is enough,
+    since readers keep the newest row of a key (an older row appended changes nothing).
     """
     out = {}
     for name, planned in changes.items():
         source, path = config.sources[name], config.state_path(name)
         key = list(source.primary_key)
-        if name == config.left:
+        if name in config.hop_sources:
             pks = dict(zip(pk_columns(source), key, strict=True))
-            extra = [found.distinct(list(pks)).renamed(pks) for found in subscribers.values()]
+            extra = [
+                found.distinct(list(pks)).renamed(pks)
+                for alias, found in subscribers.items()
+                if config.source_of(config.join_for_alias(alias).source) == name
+            ]
             keys = ChangeSet.concat([planned.keys, *extra], key) if extra else planned.keys
             if keys.rows:
                 out[name] = images(storage, path, source, keys, planned, previous[name], run_id)
@@ -509,7 +516,8 @@ def applied(
 
 
 def current(storage: Storage, path: str, done: ChangeSet | None) -> ChangeSet:
-    """The current rows (``_new``) of materialized left images: every key the run may affect."""
+    """The current rows (``_new``) of materialized images: every key of the source the run may
+    affect."""
     schema = storage.schema(path)
     if done is None:
         return empty(storage.spark, schema)

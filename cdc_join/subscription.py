@@ -151,11 +151,16 @@ def instructions(changes: ChangeSet, left: SourceConfig, join: JoinConfig) -> Ch
     return _instruction_set(changes, left, join, parts)
 
 
-def instructions_all(changes: ChangeSet, config: PipelineConfig) -> dict[str, ChangeSet]:
-    """Per join alias, the instructions of the changed left keys (none when nothing changed)."""
-    if not changes.rows:
-        return {}
-    return {j.alias: instructions(changes, config.left_source, j) for j in config.joins}
+def instructions_all(changes: Mapping[str, ChangeSet], config: PipelineConfig) -> dict[str, ChangeSet]:
+    """Per join alias, the instructions of the changed keys of its hop's left side (``changes``:
+    per source name, its changed keys with ``_old`` and ``_new``); none for a hop whose left
+    side did not change."""
+    out = {}
+    for join in config.joins:
+        changed = changes.get(config.source_of(join.source))
+        if changed is not None and changed.rows:
+            out[join.alias] = instructions(changed, config.hop_left(join), join)
+    return out
 
 
 def _instruction_set(
@@ -359,27 +364,34 @@ def write_all(
     storage: Storage, config: PipelineConfig, instructions: Mapping[str, ChangeSet], run_id: int, step: Step
 ) -> None:
     """Append every join's instructions to its subscription table (created first if need be)."""
-    left_schema = storage.schema(config.state_path(config.left))
     for join in config.joins:
         with step(f"subscription:{join.alias}") as counts:
-            path, messages = config.subscription_path(join), instructions.get(join.alias)
-            prepare(storage, path, config.left_source, join, left_schema)
+            path, messages, left = (
+                config.subscription_path(join),
+                instructions.get(join.alias),
+                config.hop_left(join),
+            )
+            prepare(storage, path, left, join, storage.schema(config.state_path(left.name)))
             counts["instructions"] = messages.value_counts(INSTRUCTION) if messages else {}
             if messages is not None:
-                written = append_instructions(storage, path, messages, config.left_source, join, run_id)
+                written = append_instructions(storage, path, messages, left, join, run_id)
                 counts.update(subscribed=written.subscribed, unsubscribed=written.unsubscribed)
 
 
 def rebuild_all(
-    storage: Storage, config: PipelineConfig, left_rows: DataFrame, run_id: int, step: Step
+    storage: Storage,
+    config: PipelineConfig,
+    rows_of: Callable[[str], DataFrame],
+    run_id: int,
+    step: Step,
 ) -> None:
-    """Every join's subscription table rebuilt from the current left rows (a recompute)."""
-    left_schema = storage.schema(config.state_path(config.left))
+    """Every join's subscription table rebuilt from the current rows of its hop's left side
+    (``rows_of``: a source name → its current state rows), as in a recompute."""
     for join in config.joins:
         with step(f"subscription:{join.alias}") as counts:
-            path = config.subscription_path(join)
-            prepare(storage, path, config.left_source, join, left_schema)
-            counts["rebuilt"] = rebuild(storage, path, left_rows, config.left_source, join, run_id)
+            path, left = config.subscription_path(join), config.hop_left(join)
+            prepare(storage, path, left, join, storage.schema(config.state_path(left.name)))
+            counts["rebuilt"] = rebuild(storage, path, rows_of(left.name), left, join, run_id)
 
 
 def remove_orphans(
@@ -394,7 +406,7 @@ def remove_orphans(
         found = orphans(join)
         if found is not None and found.rows:
             removed += unsubscribe(
-                storage, config.subscription_path(join), found, config.left_source, join, run_id
+                storage, config.subscription_path(join), found, config.hop_left(join), join, run_id
             )
     return removed
 

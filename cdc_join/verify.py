@@ -396,7 +396,8 @@ def _internal_differences(
     """Frames whose rows are the differences of the internal tables, labelled for
     :func:`_count_all`. Per source (``state:<name>``), keys whose live state row is not bronze's
     newest event of the key, both ways; per join (``subscription:<alias>``), live left rows
-    whose subscription is missing or holds another hash than the state row. ``from_bronze``:
+    whose subscription is missing or holds another hash than the state row (the rows of the
+    join's hop's left side: in a chain, a joined source's). ``from_bronze``:
     :func:`current_from_bronze` of every source."""
     parts: dict[str, DataFrame] = {}
     stored: dict[str, DataFrame] = {}
@@ -414,11 +415,11 @@ def _internal_differences(
         # Each side holds one row per key: a key whose row is on one side only differs.
         pairs = ours.join(theirs, [*source.primary_key, SEQ, FILE, LINE], "full_outer")
         parts[f"state:{name}"] = pairs.filter("__ours IS NULL OR __theirs IS NULL")
-    if config.left not in stored:
-        return parts
-    left = config.left_source
-    rows = stored[config.left].select(F.struct(*quoted(stored[config.left].columns)).alias("row"))
     for join in config.joins:
+        left = config.hop_left(join)
+        if left.name not in stored:
+            continue
+        rows = stored[left.name].select(F.struct(*quoted(stored[left.name].columns)).alias("row"))
         fk = subscription.normalized_fk("row", join)
         wanted = rows.filter(fk.isNotNull()).select(
             *[F.col(f"row.`{c}`").alias(f) for c, f in zip(join.foreign_key, fk_columns(join), strict=True)],

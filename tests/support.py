@@ -77,8 +77,9 @@ def subscriptions(pipeline: Pipeline, join_index: int = 0) -> set[tuple]:
     path = pipeline.config.subscription_path(join)
     if not pipeline.storage.exists(path):
         return set()
-    rows, _ = current(pipeline.storage, path, join, pipeline.config.left_source)
-    cols = [*fk_columns(join), *pk_columns(pipeline.config.left_source)]
+    left = pipeline.config.hop_left(join)
+    rows, _ = current(pipeline.storage, path, join, left)
+    cols = [*fk_columns(join), *pk_columns(left)]
     return {tuple(r) for r in rows.select(*cols).collect()}
 
 

@@ -93,7 +93,13 @@ def test_design_example_loads_into_typed_dataclasses(project: Path) -> None:
     )
     assert cfg.left_source is orders
     assert cfg.joins == (
-        JoinConfig(right="customers", foreign_key=("purchaser",), type=JoinType.LEFT, alias="customers"),
+        JoinConfig(
+            right="customers",
+            foreign_key=("purchaser",),
+            type=JoinType.LEFT,
+            alias="customers",
+            source="orders",
+        ),
     )
     assert cfg.joins[0].type is JoinType.LEFT
     assert cfg.select == (
@@ -505,11 +511,53 @@ def test_bad_join_type_names_key_and_file(project: Path, join_type: Any) -> None
     _fails(_write(project, raw), "joins[0].type")
 
 
-def test_a_join_chain_is_refused_as_not_supported_yet_naming_the_key(project: Path) -> None:
+def _chain(project: Path) -> dict[str, Any]:
+    """The example with ``nations`` joined from ``customers`` (a chain of two hops)."""
+    (project / "landing" / "nations").mkdir(exist_ok=True)
+    raw = _base()
+    raw["sources"]["nations"] = {"landing": "landing/nations", "primary_key": ["id"]}
+    nations = {"right": "nations", "from": "customers", "foreign_key": ["nation_id"], "type": "left"}
+    raw["joins"].append(nations)
+    raw["select"]["nation"] = "nations.name"
+    return raw
+
+
+def test_a_chained_join_names_the_source_that_holds_its_foreign_key(project: Path) -> None:
+    cfg = load_config(_write(project, _chain(project)))
+    customers, nations = cfg.joins
+    assert (customers.source, nations.source) == ("orders", "customers")
+    assert cfg.hop_left(nations) is cfg.sources["customers"]
+    assert cfg.hop_sources == ("orders", "customers")
+    assert cfg.hops_from("customers") == (nations,)
+    assert cfg.chained
+
+
+def test_a_join_from_the_left_source_named_explicitly_is_no_chain(project: Path) -> None:
     raw = _base()
     raw["joins"][0]["from"] = "orders"
+    cfg = load_config(_write(project, raw))
+    assert cfg.joins[0].source == "orders" and not cfg.chained
+
+
+def test_from_must_name_a_source_joined_earlier(project: Path) -> None:
+    raw = _chain(project)
+    raw["joins"].reverse()  # nations before customers
     err = _fails(_write(project, raw), "joins[0].from")
-    assert "join chains are not supported yet" in str(err)
+    assert "'customers' is not joined before this join" in str(err)
+
+
+def test_from_naming_an_unknown_alias_lists_the_ones_it_may_name(project: Path) -> None:
+    raw = _chain(project)
+    raw["joins"][1]["from"] = "customer"
+    err = _fails(_write(project, raw), "joins[1].from")
+    assert "'orders', 'customers'" in str(err)
+
+
+def test_a_source_joined_twice_in_a_chain_needs_an_alias(project: Path) -> None:
+    raw = _chain(project)
+    raw["joins"].append({"right": "nations", "from": "customers", "foreign_key": ["home_nation_id"]})
+    err = _fails(_write(project, raw), "joins[2]")
+    assert "alias 'nations' is used twice" in str(err)
 
 
 def test_nested_children_are_refused_as_not_supported_yet_naming_the_key(project: Path) -> None:

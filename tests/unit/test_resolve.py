@@ -179,7 +179,8 @@ def test_a_recompute_builds_the_rows_of_changed_left_keys_and_of_every_key_namin
     left_changed = _set(spark, StructType([StructField("id", StringType())]), [{"id": "c"}])
     right_changed = {"rhs": _set(spark, StructType([StructField("id", LongType())]), [{"id": 1}])}
 
-    rows = recompute_affected(storage, config, left_changed, right_changed, pinned, run_id=9).collect()
+    changed = {"lhs": left_changed, **right_changed}
+    rows = recompute_affected(storage, config, changed, pinned, run_id=9).collect()
 
     # n names nothing; b names only an unchanged right key. g's row is recomputed for its old
     # foreign key and comes out as it is (the MERGE then finds nothing to change).
@@ -192,4 +193,4 @@ def test_a_recompute_builds_the_rows_of_changed_left_keys_and_of_every_key_namin
     }
     nothing = _set(spark, StructType([StructField("id", StringType())]), [])
     none = {"rhs": _set(spark, StructType([StructField("id", LongType())]), [])}
-    assert recompute_affected(storage, config, nothing, none, pinned, run_id=9) is None
+    assert recompute_affected(storage, config, {"lhs": nothing, **none}, pinned, run_id=9) is None
