@@ -367,6 +367,19 @@ def same_values(a: Any, b: Any) -> Any:
     return equal
 
 
+def found_in(table: pa.Table, keys: pa.Table, columns: Sequence[str]) -> pa.Array:
+    """Per row of ``table``: whether its ``columns`` equal those of a row of ``keys`` (a null
+    part matches nothing)."""
+    columns = list(columns)
+    numbered = table.select(columns).append_column("__row", pa.array(range(table.num_rows), pa.int64()))
+    hits = numbered.join(
+        keys.select(columns).cast(numbered.select(columns).schema), keys=columns, join_type="left semi"
+    )
+    return pc.is_in(
+        pa.array(range(table.num_rows), pa.int64()), value_set=hits.column("__row").combine_chunks()
+    )
+
+
 def distinct_rows(table: pa.Table, columns: Sequence[str]) -> pa.Table:
     """The distinct rows of ``table[columns]``."""
     return table.select(list(columns)).group_by(list(columns), use_threads=False).aggregate([])

@@ -20,7 +20,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from cdc_join import state, subscription
-from cdc_join.changeset import ChangeSet, materialize_all
+from cdc_join.changeset import ChangeSet, found_in, materialize_all
 from cdc_join.columns import DELETED, LHS_HASH, SEQ, fk_columns, pk_columns
 from cdc_join.config import JoinConfig, PipelineConfig, SourceConfig
 from cdc_join.schemas import quote, quoted
@@ -28,6 +28,8 @@ from cdc_join.storage import Storage
 from cdc_join.storage.pruning import ScanStats
 
 RIGHT = "_right"
+#: On a subscriber: its fk is a changed key of the right source (not only reached by walking back).
+DIRECT = "_direct"
 RIGHT_SEQ = "_right_seq"
 #: Changed right keys up to this many are broadcast to the scan of the left state.
 BROADCAST_KEYS = 1_000_000
@@ -75,29 +77,37 @@ def all_subscribers(
     scanned and skipped, and the subscribers found.
     """
     found: dict[str, ChangeSet] = {}
-    for level in reversed(_levels(config)):
-        pending = {}
+    for level in reversed(levels(config)):
+        pending, direct = {}, {}
         for join in level:
             right = config.sources[join.right]
-            keys = [changed_right_keys(changes[join.right].keys, right, join)]
-            keys += [
+            direct[join.alias] = changed_right_keys(changes[join.right].keys, right, join)
+            later = [
                 _as_right_keys(found[j.alias], right, join)
                 for j in config.hops_from(join.alias)
                 if j.alias in found
             ]
-            named = ChangeSet.concat(keys, fk_columns(join))
+            named = ChangeSet.concat([direct[join.alias], *later], fk_columns(join))
             path = config.subscription_path(join)
             if named.rows and storage.exists(path):
                 pending[join.alias], scans = subscribers(storage, config, join, named, storage.version(path))
                 counts[join.alias] = {"right_keys_changed": named.rows, **scans.as_counts()}
         if pending:
-            found.update(zip(pending, materialize_all(list(pending.values())), strict=True))
+            done = zip(pending, materialize_all(list(pending.values())), strict=True)
+            found.update({alias: _marked(rows, direct[alias], alias, config) for alias, rows in done})
     for alias, rows in found.items():
         counts[alias]["subscribers"] = rows.rows
     return {j.alias: found[j.alias] for j in config.joins if j.alias in found}
 
 
-def _levels(config: PipelineConfig) -> list[list[JoinConfig]]:
+def _marked(found: ChangeSet, direct: ChangeSet, alias: str, config: PipelineConfig) -> ChangeSet:
+    """Subscribers with ``_direct``: whether their fk is a changed key of the right source
+    itself (else they were found only by walking back from a later hop)."""
+    flag = found_in(found.table, direct.table, fk_columns(config.join_for_alias(alias)))
+    return found.with_column(DIRECT, flag, nullable=False)
+
+
+def levels(config: PipelineConfig) -> list[list[JoinConfig]]:
     """The joins by their depth in the chain: those off the left source first."""
     depth: dict[str, int] = {config.left: 0}
     levels: list[list[JoinConfig]] = []

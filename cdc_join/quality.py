@@ -22,7 +22,9 @@ Every result becomes one row of the quality-results Delta table (``config.qualit
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -38,7 +40,7 @@ from pyspark.sql.types import BooleanType, LongType, StringType, StructField, St
 
 from cdc_join.changeset import arrow_schema, from_arrow
 from cdc_join.columns import DELETED, RUN_ID, TS_MS, silver_key_columns
-from cdc_join.config import JoinType, PipelineConfig
+from cdc_join.config import JoinConfig, JoinType, PipelineConfig
 from cdc_join.errors import ConfigError
 from cdc_join.quality_config import (
     COLUMN_KWARGS,
@@ -50,6 +52,7 @@ from cdc_join.quality_config import (
     parse_quality,
 )
 from cdc_join.runlog import Checkpoint
+from cdc_join.schemas import quoted
 from cdc_join.state import newest
 from cdc_join.storage import Storage
 from cdc_join.storage.pruning import read_keyed
@@ -210,24 +213,50 @@ def touched_rows(
 
 
 def _foreign_keys(config: PipelineConfig, storage: Storage, run: Checkpoint, written: DataFrame) -> DataFrame:
-    """The left-join foreign keys of the written keys, from the left state the run processed."""
+    """The left-join foreign keys of the written keys (``_fk_<alias>_<column>``), from the state
+    the run processed: a chained join's from the rows of the source it hangs off, reached hop
+    by hop (a row missing on the way leaves its foreign key null, as in silver)."""
     pk = config.left_source.primary_key
     wanted = written.select(*[F.col(f"_pk_{c}").alias(c) for c in pk])
     version = run.state_versions.get(config.left)
     stored, _ = read_keyed(storage, config.state_path(config.left), wanted, [(c, c) for c in pk], version)
-    return (
-        newest(stored, pk)
-        .filter(~F.col(DELETED))
-        .select(
-            *[F.col(f"`{c}`").alias(f"_pk_{c}") for c in pk],
-            *[
-                F.col(f"`{c}`").alias(f"_fk_{j.alias}_{c}")
-                for j in config.joins
-                if j.type is JoinType.LEFT
-                for c in j.foreign_key
-            ],
-        )
+    live = newest(stored, pk).filter(~F.col(DELETED))
+    rows = live.select(
+        *[F.col(f"`{c}`").alias(f"_pk_{c}") for c in pk], F.struct(*quoted(live.columns)).alias(config.left)
     )
+    lefts = [j for j in config.joins if j.type is JoinType.LEFT]
+    for join in _on_the_way(config, {j.source for j in lefts}):
+        right = config.sources[join.right]
+        current = newest(
+            storage.read(config.state_path(join.right), run.state_versions.get(join.right)), right.primary_key
+        )
+        current = current.filter(~F.col(DELETED))
+        keys = [f"__{join.alias}_{c}" for c in right.primary_key]
+        current = current.select(
+            *[F.col(f"`{c}`").alias(k) for c, k in zip(right.primary_key, keys, strict=True)],
+            F.struct(*quoted(current.columns)).alias(join.alias),
+        )
+        on = [
+            F.col(f"`{join.source}`.`{c}`") == current[k] for c, k in zip(join.foreign_key, keys, strict=True)
+        ]
+        rows = rows.join(current, functools.reduce(operator.and_, on), "left").drop(*keys)
+    return rows.select(
+        *[f"_pk_{c}" for c in pk],
+        *[F.col(f"`{j.source}`.`{c}`").alias(f"_fk_{j.alias}_{c}") for j in lefts for c in j.foreign_key],
+    )
+
+
+def _on_the_way(config: PipelineConfig, aliases: set[str]) -> list[JoinConfig]:
+    """The joins that reach ``aliases`` from the left source, in join order."""
+    needed, pending = set(), [a for a in aliases if a != config.left]
+    while pending:
+        alias = pending.pop()
+        if alias not in needed:
+            needed.add(alias)
+            source = config.join_for_alias(alias).source
+            if source != config.left:
+                pending.append(source)
+    return [j for j in config.joins if j.alias in needed]
 
 
 def _any_null(columns: Sequence[Column]) -> Column:

@@ -30,7 +30,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, StructField, StructType
 
 from cdc_join import lookup, state, subscription
-from cdc_join.changeset import ChangeSet, arrow_schema, materialize, one_partition, same_values
+from cdc_join.changeset import ChangeSet, arrow_schema, found_in, materialize, one_partition, same_values
 from cdc_join.columns import (
     ACTION,
     DELETED,
@@ -171,13 +171,8 @@ def incremental(
             name = config.source_of(join.source)
             checked[alias] = check(found, current[name], changed_keys[name].table, config, join)
     left, pks = config.left_source, pk_columns(config.left_source)
-    # Subscribers of the hops off the left source are silver keys; a chain's later hops found
-    # theirs by walking back to them (:func:`cdc_join.lookup.all_subscribers`).
-    valid = [
-        c.filtered(pc.invert(pc.fill_null(c.table.column(STALE), True))).distinct(pks)
-        for alias, c in checked.items()
-        if config.join_for_alias(alias).source == config.left
-    ]
+    reached = _reached(config, checked)
+    valid = [reached[j.alias].distinct(pks) for j in config.hops_from(config.left) if j.alias in reached]
     affected = ChangeSet.concat([changed_keys[config.left], *valid], pks)
     if not affected.rows:
         return Resolved(instructions, checked, None)
@@ -197,6 +192,31 @@ def incremental(
     left_rows = one_partition(in_scope.frame, in_scope.rows)
     rows = build_rows(config, left_rows, right, run, merge=left_rows is not in_scope.frame)
     return Resolved(instructions, checked, materialize(rows))
+
+
+def _reached(config: PipelineConfig, checked: Mapping[str, ChangeSet]) -> dict[str, ChangeSet]:
+    """Per join, its subscribers that are not stale and whose right key changed: itself
+    (``_direct``), or as the hop's left key of a later hop's subscriber that counts. So a stale
+    subscription anywhere in a chain reaches no silver row through it (the hops are taken from
+    the end of the chain back)."""
+    out: dict[str, ChangeSet] = {}
+    for level in reversed(lookup.levels(config)):
+        for join in level:
+            found = checked.get(join.alias)
+            if found is None:
+                continue
+            t = found.table
+            counts = pc.fill_null(t.column(lookup.DIRECT), False) if lookup.DIRECT in t.column_names else None
+            right, fks = config.sources[join.right], fk_columns(join)
+            later = [out[j.alias] for j in config.hops_from(join.alias) if j.alias in out]
+            if later:
+                pks = pk_columns(right)
+                keys = ChangeSet.concat(later, pks).renamed(dict(zip(pks, fks, strict=True)))
+                via = found_in(t, keys.table, fks)
+                counts = via if counts is None else pc.or_(counts, via)
+            live = pc.invert(pc.fill_null(t.column(STALE), True))
+            out[join.alias] = found.filtered(live if counts is None else pc.and_(live, counts))
+    return out
 
 
 def _keys(config: PipelineConfig, name: str, changed: ChangeSet) -> ChangeSet:

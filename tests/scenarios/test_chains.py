@@ -10,10 +10,15 @@ orders, a deleted nation removes its orders' rows (inner) or nulls their chained
 
 from __future__ import annotations
 
-import pytest
+import dataclasses
 
+import pytest
+from pyspark.sql import functions as F
+
+from cdc_join import quality
+from cdc_join.columns import LHS_HASH, WRITTEN
 from cdc_join.report import SimulatedCrash
-from tests.support import make_pipeline, silver_rows
+from tests.support import make_pipeline, silver_rows, subscriptions
 
 TABLES = {
     "orders": {"id": "int64", "cust": "int64", "qty": "int64"},
@@ -193,3 +198,57 @@ def test_a_full_refresh_of_a_chain_equals_its_runs(tmp_path, spark, storage):
     chain.upsert("regions", {"id": 1, "name": "EU"})
     steps = chain.run(plan="incremental")
     assert steps["resolve"]["affected_keys"] == 6
+
+
+def test_the_orphan_rate_of_a_chained_left_join_reads_the_foreign_key_of_the_source_it_hangs_off(
+    tmp_path, spark, storage
+):
+    chain = _loaded(tmp_path, spark, storage, "left")
+    # Customer 1 names a nation that does not exist (2 orphan orders); customer 2 names none
+    # (2 orders without a foreign key, which are no orphans); nation 3 names no region.
+    chain.upsert(
+        "customers", {"id": 1, "nation": 9, "name": "cust1"}, {"id": 2, "nation": None, "name": "cust2"}
+    )
+    chain.upsert("nations", {"id": 3, "region": None, "name": "nation3"})
+    chain.run()
+    config = dataclasses.replace(chain.pipeline.config, quality={"orphan_rate_max": 1.0})
+    found = {r.check: r for r in quality.check(config, storage, run_id=1, write=False).results}
+    # Run 1 wrote all eight orders, when every customer named a nation that exists.
+    assert found["orphan_rate:nations"].observed.startswith("orphan rate 0.0000")
+    found = {r.check: r for r in quality.check(config, storage, run_id=2, write=False).results}
+    # Run 2 wrote orders 1-6. A nation is named by orders 1, 2 (nation 9: orphans) and 5, 6
+    # (nation 3); orders 3, 4 name none. No written order reaches a nation naming a region.
+    assert found["orphan_rate:nations"].observed.startswith("orphan rate 0.5000 (2 rows)")
+    assert found["orphan_rate:regions"].observed.startswith("orphan rate 0.0000")
+
+
+@pytest.mark.parametrize("hop", ["nations", "regions"])
+def test_a_leftover_subscription_deep_in_a_chain_is_dropped_as_stale_and_reaches_no_row(
+    tmp_path, spark, storage, hop
+):
+    chain = _loaded(tmp_path, spark, storage)
+    cfg, join = chain.pipeline.config, chain.pipeline.config.join_for_alias(hop)
+    # A leftover CombinedKey: customer 1 subscribed to nation 2 (or nation 1 to region 2), as
+    # if a run died after subscribing it there.
+    path = cfg.subscription_path(join)
+    fk, pk = ("fk_nation", "pk_id") if hop == "nations" else ("fk_region", "pk_id")
+    leftover = (
+        storage.read(path)
+        .filter(F.col(pk) == 1)
+        .withColumn(fk, F.lit(2).cast("long"))
+        .withColumn(LHS_HASH, F.lit(12345).cast("long"))
+        .withColumn(WRITTEN, F.lit(storage.version(path) + 1).cast("long"))
+    )
+    storage.append(path, leftover)
+    assert (2, 1) in subscriptions(chain.pipeline, [j.alias for j in cfg.joins].index(hop))
+    chain.upsert(
+        hop, {"nations": {"id": 2, "region": 1, "name": "nation2*"}, "regions": {"id": 2, "name": "A*"}}[hop]
+    )
+    steps = chain.run()
+    assert steps["resolve"]["stale_dropped"] == 1
+    assert steps["cleanup"]["stale_subscriptions_removed"] == 1
+    # Only the orders the change reaches: customer 2's (nation 2), or customers 3 and 4's
+    # (region 2); none of customer 1's through the leftover.
+    assert steps["resolve"]["affected_keys"] == (2 if hop == "nations" else 4)
+    assert (2, 1) not in subscriptions(chain.pipeline, [j.alias for j in cfg.joins].index(hop))
+    assert chain.pipeline.verify().ok
