@@ -15,6 +15,8 @@ The rule: estimate the affected left rows as
 
     changed left keys + sum over joins of (changed right keys × subscriptions per right row)
 
+(in a chain, a hop's changed right keys include the estimate of the keys the hops after it
+reach: a region rename reaches its nations' customers, × orders per customer)
 (fan-outs from the file statistics of the subscription and right state tables, so deciding
 costs no Spark job) and recompute when the estimate reaches
 
@@ -112,6 +114,7 @@ def choose_plan(
     share: float = RECOMPUTE_SHARE,
     min_rows: int = RECOMPUTE_MIN_ROWS,
     fixed_rows: int = RECOMPUTE_FIXED_ROWS,
+    chain: Mapping[str, str | None] | None = None,
 ) -> PlanDecision:
     """Apply the rule of this module's docstring.
 
@@ -125,6 +128,9 @@ def choose_plan(
         share: the threshold's part that grows with the table, as a share of ``left_rows``.
         min_rows: below this many left rows the run stays incremental.
         fixed_rows: the threshold's fixed part, in rows.
+        chain: per join alias, the alias of the join it hangs off (``from``), ``None`` for the
+            left source; by default every join hangs off the left source. Joins are listed in
+            ``changed_right_keys`` in config order (a join after the one it hangs off).
     """
     fanout = {
         alias: subscription_rows.get(alias, 0) / right_rows[alias] if right_rows.get(alias) else 0.0
@@ -152,13 +158,24 @@ def choose_plan(
         )
     if first_run or changed_left_keys is None:
         return decision(True, "first run", None, None)
-    estimate = changed_left_keys + round(sum(n * fanout[a] for a, n in changed_right_keys.items()))
+    estimate = changed_left_keys + _reached(changed_right_keys, fanout, chain or {})
     threshold = threshold_rows(left_rows, share, fixed_rows)
     recompute = estimate >= threshold
     sign = ">=" if recompute else "<"
     parts = f"{fixed_rows} + {share:g} × {left_rows} left rows"
     reason = f"estimated affected rows {estimate} {sign} {threshold} ({parts})"
     return decision(recompute, reason, changed_left_keys, estimate)
+
+
+def _reached(
+    changed_right_keys: Mapping[str, int], fanout: Mapping[str, float], chain: Mapping[str, str | None]
+) -> int:
+    """Estimated left rows the right changes reach, hop by hop from the end of each chain."""
+    reach: dict[str, float] = {}
+    for alias in reversed(list(changed_right_keys)):
+        below = sum(n for later, n in reach.items() if chain.get(later) == alias)
+        reach[alias] = (changed_right_keys[alias] + below) * fanout[alias]
+    return round(sum(n for alias, n in reach.items() if chain.get(alias) is None))
 
 
 def decide(
@@ -177,6 +194,7 @@ def decide(
         changed_right_keys={j.alias: changed[j.right] for j in config.joins},
         subscription_rows={j.alias: _rows(storage, config.subscription_path(j)) for j in config.joins},
         right_rows={j.alias: _rows(storage, config.state_path(j.right)) for j in config.joins},
+        chain={j.alias: None if j.source == config.left else j.source for j in config.joins},
     )
     return forced(decision, plan, first_run)
 

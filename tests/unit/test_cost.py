@@ -75,3 +75,28 @@ def test_a_forced_plan_says_so_and_a_first_run_says_why_it_keeps_the_rule():
         forced(big, "incremental", first_run=True).reason
         == "first run; plan=incremental does not apply to a first run"
     )
+
+
+def test_a_change_at_the_end_of_a_chain_counts_the_left_rows_it_reaches_through_each_hop():
+    # orders → customers (10 orders each) → nations (6,000 customers each) → regions (5 nations
+    # each): one region renamed reaches 5 × 6,000 × 10 orders.
+    chain = {"customers": None, "nations": "customers", "regions": "nations"}
+    decision = _plan(
+        left_rows=1_500_000,
+        changed_left_keys=0,
+        changed_right_keys={"customers": 0, "nations": 0, "regions": 1},
+        subscription_rows={"customers": 1_500_000, "nations": 150_000, "regions": 25},
+        right_rows={"customers": 150_000, "nations": 25, "regions": 5},
+        chain=chain,
+    )
+    assert decision.estimated_affected_rows == 300_000
+    # Without the chain each hop would count only its own keys: 5 nations' worth of nothing.
+    moved = _plan(
+        left_rows=1_500_000,
+        changed_left_keys=0,
+        changed_right_keys={"customers": 1, "nations": 0, "regions": 0},
+        subscription_rows={"customers": 1_500_000, "nations": 150_000, "regions": 25},
+        right_rows={"customers": 150_000, "nations": 25, "regions": 5},
+        chain=chain,
+    )
+    assert moved.estimated_affected_rows == 10
