@@ -393,12 +393,15 @@ class Workload:
         os.replace(tmp, final)
 
 
-def _row(table: str, values: dict[str, Any] | None) -> dict[str, Any] | None:
-    """A row image as JSON values: dates as ISO strings, numpy scalars as Python ones."""
+def _row(
+    table: str, values: dict[str, Any] | None, columns: dict[str, str] | None = None
+) -> dict[str, Any] | None:
+    """A row image as JSON values: dates as ISO strings, numpy scalars as Python ones.
+    ``columns``: the table's columns and types (default: this workload's)."""
     if values is None:
         return None
     out = {}
-    for column, kind in TABLES[table].items():
+    for column, kind in (columns or TABLES[table]).items():
         value = values.get(column)
         if value is None or (isinstance(value, float) and np.isnan(value)):
             out[column] = None
@@ -413,13 +416,16 @@ def _row(table: str, values: dict[str, Any] | None) -> dict[str, Any] | None:
     return out
 
 
-def _append_bronze(path: str, table_name: str, rows: pa.Table, first_lsn: int) -> None:
-    """Append snapshot rows to bronze as ingest would have written them (``op r``), via DuckDB."""
+def _append_bronze(
+    path: str, table_name: str, rows: pa.Table, first_lsn: int, columns: dict[str, str] | None = None
+) -> None:
+    """Append snapshot rows to bronze as ingest would have written them (``op r``), via DuckDB.
+    ``columns``: the table's columns and types (default: this workload's)."""
     from deltalake import DeltaTable, write_deltalake
 
     dt = DeltaTable(path)
     target = pa.schema(dt.schema().to_arrow())
-    columns = TABLES[table_name]
+    columns = columns or TABLES[table_name]
     after = ", ".join(f"{c} := {c}" for c in columns)
     payload_row = ", ".join(
         f"'{c}': strftime({c}, '%Y-%m-%d')" if kind == "date" else f"'{c}': {c}"

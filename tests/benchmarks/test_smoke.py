@@ -14,6 +14,7 @@ import json
 
 import pytest
 
+from benchmarks import chain
 from benchmarks.run import bench_scale
 from cdc_join.config import load_config
 from cdc_join.maintenance import optimize_pipeline
@@ -59,3 +60,14 @@ def test_benchmark_runs_end_to_end_and_outputs_agree(tmp_path, spark, storage):
     config = load_config(tmp_path / "sf0.001" / "pipeline.yml")
     assert all("action" in a for a in optimize_pipeline(storage, config))  # the policy on a healthy lake
     json.dumps(result, default=str)
+
+
+@pytest.mark.deep
+def test_the_chain_benchmark_runs_end_to_end_and_verifies_every_run(tmp_path, spark, storage):
+    lines: list[str] = []
+    result = chain.bench(spark, storage, 0.001, 1, tmp_path, lines.append)
+    assert result["rows"] == {"region": 5, "nation": 25, "customer": 150, "orders": 1500}
+    runs = {kind: found["runs"][0] for kind, found in result["kinds"].items()}
+    assert all(run["verify_ok"] for run in runs.values()), lines
+    assert runs["region_rename"]["affected_keys"] > runs["nation_rename"]["affected_keys"] > 0
+    assert 0 < runs["customer_move"]["affected_keys"] <= 30

@@ -8,7 +8,7 @@ from decimal import Decimal
 import pyarrow as pa
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from cdc_join.changeset import ChangeSet, cast_table, materialize, materialize_all, spark_frame
+from cdc_join.changeset import ChangeSet, cast_table, found_in, materialize, materialize_all, spark_frame
 
 
 def test_nested_void_columns_survive_collection(spark):
@@ -119,3 +119,10 @@ def test_several_frames_collected_in_one_job_keep_their_rows_names_and_types(spa
     assert row["ts_ntz"] == datetime(2024, 1, 2, 3, 4, 5, 123456) and row["d"] == date(2024, 1, 2)
     assert row["ts_ltz"] == datetime(2024, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
     assert row["st`ruct"] == {"in`ner": [1, None]} and row["m"] == [("k", {"x": 1})]
+
+
+def test_found_in_marks_rows_whose_columns_match_a_key_row_and_a_null_part_matches_nothing():
+    rows = pa.table({"a": [1, 1, 2, None, 3], "b": ["x", "y", "x", "x", None], "v": [10, 11, 12, 13, 14]})
+    keys = pa.table({"a": pa.array([1, 2, None, 3], pa.int32()), "b": ["x", "x", "x", None]})
+    assert found_in(rows, keys, ["a", "b"]).to_pylist() == [True, False, True, False, False]
+    assert found_in(rows, keys.slice(0, 0), ["a", "b"]).to_pylist() == [False] * 5
