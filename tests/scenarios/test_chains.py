@@ -17,6 +17,8 @@ from pyspark.sql import functions as F
 
 from cdc_join import quality
 from cdc_join.columns import LHS_HASH, WRITTEN
+from cdc_join.errors import ConfigError
+from cdc_join.pipeline import Pipeline
 from cdc_join.report import SimulatedCrash
 from tests.support import make_pipeline, silver_rows, subscriptions
 
@@ -252,3 +254,44 @@ def test_a_leftover_subscription_deep_in_a_chain_is_dropped_as_stale_and_reaches
     assert steps["resolve"]["affected_keys"] == (2 if hop == "nations" else 4)
     assert (2, 1) not in subscriptions(chain.pipeline, [j.alias for j in cfg.joins].index(hop))
     assert chain.pipeline.verify().ok
+
+
+def test_a_chained_foreign_key_the_source_it_hangs_off_lacks_fails_before_anything_is_written(
+    tmp_path, spark, storage
+):
+    joins = [
+        {"right": "customers", "foreign_key": ["cust"]},
+        {"right": "nations", "from": "customers", "foreign_key": ["nation_id"]},
+        {"right": "regions", "from": "nations", "foreign_key": ["region"]},
+    ]
+    pipeline, w = make_pipeline(
+        tmp_path, spark, storage, tables=TABLES, left="orders", joins=joins, select=SELECT
+    )
+    for table, row in [
+        ("regions", {"id": 1, "name": "r"}),
+        ("nations", {"id": 1, "region": 1, "name": "n"}),
+        ("customers", {"id": 1, "nation": 1, "name": "c"}),
+        ("orders", {"id": 1, "cust": 1, "qty": 1}),
+    ]:
+        w.write(table, [w.upsert(table, row, 1)])
+    with pytest.raises(ConfigError, match=r"joins\[1\]\.foreign_key: 'customers' has no column 'nation_id'"):
+        pipeline.run()
+    assert not storage.exists(pipeline.config.silver_path)
+
+
+def test_a_select_change_that_adds_a_chained_column_recomputes_and_repair_restores_a_damaged_row(
+    tmp_path, spark, storage
+):
+    chain = _loaded(tmp_path, spark, storage, "left")
+    cfg = chain.pipeline.config
+    wider = dataclasses.replace(cfg, select=(*cfg.select, ("region_id", "nations.region")))
+    pipeline = Pipeline(wider, spark, storage)
+    pipeline.run()
+    held = silver_rows(pipeline, ["order_id", "region_id"])
+    assert held == {(o, 1 if o <= 4 else 2) for o in range(1, 9)}
+    # A silver row changed behind cdc_join's back: verify finds it, --repair puts it right.
+    silver = storage.read(wider.silver_path).filter(F.col("order_id") != 3)
+    storage.overwrite(wider.silver_path, silver)
+    assert not pipeline.verify().ok
+    assert pipeline.verify(repair=True).ok
+    assert (3, 1) in silver_rows(pipeline, ["order_id", "region_id"])
