@@ -128,9 +128,7 @@ def choose_plan(
         share: the threshold's part that grows with the table, as a share of ``left_rows``.
         min_rows: below this many left rows the run stays incremental.
         fixed_rows: the threshold's fixed part, in rows.
-        chain: per join alias, the alias of the join it hangs off (``from``), ``None`` for the
-            left source; by default every join hangs off the left source. Joins are listed in
-            ``changed_right_keys`` in config order (a join after the one it hangs off).
+        chain: per join alias (in config order), the alias it hangs off (``None``: the left).
     """
     fanout = {
         alias: subscription_rows.get(alias, 0) / right_rows[alias] if right_rows.get(alias) else 0.0
