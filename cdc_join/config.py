@@ -35,10 +35,12 @@ ON_QUARANTINE = ("fail", "warn")
 
 
 class JoinType(str, enum.Enum):
-    """How a left row without a matching right row is treated."""
+    """How a left row without a matching right row is treated; ``collect`` nests the right
+    rows naming the left row (one-to-many) as an array instead."""
 
     INNER = "inner"
     LEFT = "left"
+    COLLECT = "collect"
 
 
 @dataclass(frozen=True)
@@ -85,10 +87,19 @@ class JoinConfig:
     type: JoinType = JoinType.INNER
     alias: str = ""
     source: str = ""
+    max_children: int = 10_000
+    """``collect``: a parent with more children than this fails the run (a data problem, not
+    an array to build in one row)."""
 
     def __post_init__(self) -> None:
         if not self.alias:
             object.__setattr__(self, "alias", self.right)
+
+    @property
+    def collects(self) -> bool:
+        """Whether the join nests its right rows (children) under the left row: then
+        ``foreign_key`` lists columns of the children matching the left primary key."""
+        return self.type is JoinType.COLLECT
 
 
 @dataclass(frozen=True)
@@ -185,14 +196,15 @@ class PipelineConfig:
         return self.left if alias == self.left else self.join_for_alias(alias).right
 
     def hop_left(self, join: JoinConfig) -> SourceConfig:
-        """The source on the left side of one hop: the one whose rows hold its foreign key."""
-        return self.sources[self.source_of(join.source)]
+        """The source on the left side of one hop: the one whose rows hold its foreign key
+        (for ``collect``, the children)."""
+        return self.sources[join.right if join.collects else self.source_of(join.source)]
 
     @property
     def hop_sources(self) -> tuple[str, ...]:
         """Sources on the left side of some hop (the left source first): a change of one of
         them moves that hop's subscriptions, so its state keeps the rows it replaces."""
-        return tuple(dict.fromkeys([self.left, *(self.source_of(j.source) for j in self.joins)]))
+        return tuple(dict.fromkeys([self.left, *(self.hop_left(j).name for j in self.joins)]))
 
     def hops_from(self, alias: str) -> tuple[JoinConfig, ...]:
         """The joins whose foreign key is a column of ``alias``'s rows."""
@@ -316,11 +328,7 @@ _TOP_KEYS = {
 _TOP_KEYS |= {"description"}
 _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$")
 _SOURCE_KEYS = {"landing", "bronze", "primary_key", "sequence_by", "connector", "columns"}
-_JOIN_KEYS = {"right", "foreign_key", "type", "as", "from"}
-_NO_COLLECT = (
-    "nested children (type: collect) are not supported yet; joins are 'inner' or 'left' "
-    "(build the array downstream of silver, e.g. collect_list grouped by the parent key)"
-)
+_JOIN_KEYS = {"right", "foreign_key", "type", "as", "from", "max_children"}
 
 
 ANY = "*"  # stands for every source name when the sources section itself is wrong
@@ -588,7 +596,7 @@ def _joins(
         return (), {"?"}
     joins, failed = [], set()
     for i, spec in enumerate(raw):
-        earlier = [j.alias for j in joins]
+        earlier = list(joins)
         join = p.value(
             lambda i=i, spec=spec, earlier=earlier: _one_join(
                 spec, f"joins[{i}]", sources, broken, left, earlier, p
@@ -616,7 +624,7 @@ def _one_join(
     sources: Mapping[str, SourceConfig],
     broken: set[str],
     left: str | None,
-    earlier: list[str],
+    earlier: list[JoinConfig],
     p: Problems,
 ) -> JoinConfig | None:
     if not isinstance(spec, Mapping):
@@ -625,30 +633,56 @@ def _one_join(
     p.unknown_keys(spec, _JOIN_KEYS, key)
     right = p.value(lambda: _right(spec, key, sources, broken, left))
     fk = p.value(lambda: _columns(_required(spec, "foreign_key", key), f"{key}.foreign_key"))
-    if right in sources and fk is not None and len(fk) != len(sources[right].primary_key):
-        right_pk = sources[right].primary_key
+    type_text = spec.get("type", "inner")
+    join_type = p.value(lambda: _join_type(type_text, key))
+    # A collect join's foreign key is the children's, matching the parent's (left) key.
+    keyed = left if join_type is JoinType.COLLECT else right
+    if keyed in sources and fk is not None and len(fk) != len(sources[keyed].primary_key):
+        keyed_pk = sources[keyed].primary_key
         p.found.append(
             ConfigError(
-                f"has {len(fk)} column(s) but {right!r} has a primary key of "
-                f"{len(right_pk)}: {list(right_pk)}",
+                f"has {len(fk)} column(s) but {keyed!r} has a primary key of "
+                f"{len(keyed_pk)}: {list(keyed_pk)}",
                 key=f"{key}.foreign_key",
             )
         )
-    type_text = spec.get("type", "inner")
-    join_type = p.value(lambda: _join_type(type_text, key))
     alias = p.value(lambda: _name(spec["as"], f"{key}.as")) if "as" in spec else right
     source = p.value(lambda: _from(spec, key, earlier, left)) if "from" in spec else left
+    if join_type is JoinType.COLLECT and source != left:
+        p.found.append(
+            ConfigError("a collect join nests children under the left source only", key=f"{key}.from")
+        )
+    cap = p.value(lambda: _max_children(spec, join_type, key))
     if len(p.found) > errors or right is None or source is None:
         return None
-    return JoinConfig(right=right, foreign_key=fk, type=join_type, alias=alias, source=source)
+    return JoinConfig(
+        right=right, foreign_key=fk, type=join_type, alias=alias, source=source, max_children=cap
+    )
 
 
-def _from(spec: Mapping[str, Any], key: str, earlier: list[str], left: str | None) -> str | None:
-    """A join's ``from``: the left source or the alias of a join listed before it."""
+def _max_children(spec: Mapping[str, Any], join_type: JoinType | None, key: str) -> int:
+    if "max_children" not in spec:
+        return JoinConfig.max_children
+    if join_type is not JoinType.COLLECT:
+        raise ConfigError("applies to a collect join only", key=f"{key}.max_children")
+    value = spec["max_children"]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"must be a whole number of at least 1, not {value!r}", key=f"{key}.max_children")
+    return value
+
+
+def _from(spec: Mapping[str, Any], key: str, earlier: list[JoinConfig], left: str | None) -> str | None:
+    """A join's ``from``: the left source or the alias of a join listed before it (not a
+    collect join's: its alias names an array)."""
     name = _string(spec["from"], f"{key}.from")
-    if left is None or name == left or name in earlier:
+    collected = [j.alias for j in earlier if j.collects]
+    if name in collected:
+        raise ConfigError(
+            f"{name!r} is a collect join (an array of rows): no join can hang off it", key=f"{key}.from"
+        )
+    if left is None or name == left or name in [j.alias for j in earlier]:
         return name
-    known = [left, *earlier]
+    known = [left, *(j.alias for j in earlier if not j.collects)]
     raise ConfigError(
         f"{name!r} is not joined before this join; 'from' names the left source or an earlier "
         f"join's alias: {', '.join(map(repr, known))}",
@@ -675,9 +709,7 @@ def _join_type(text: Any, key: str) -> JoinType:
     try:
         return JoinType(str(text).lower())
     except ValueError:
-        if str(text).lower() == "collect":
-            raise ConfigError(_NO_COLLECT, key=f"{key}.type") from None
-        raise ConfigError(f"must be 'inner' or 'left', got {text!r}", key=f"{key}.type") from None
+        raise ConfigError(f"must be 'inner', 'left' or 'collect', got {text!r}", key=f"{key}.type") from None
 
 
 def _select(raw: Any, aliases: set[str] | None, p: Problems) -> tuple[tuple[str, str], ...]:

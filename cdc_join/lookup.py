@@ -80,6 +80,8 @@ def all_subscribers(
     for level in reversed(levels(config)):
         pending, direct = {}, {}
         for join in level:
+            if join.collects:  # a child's change names its parents itself (its instructions)
+                continue
             right = config.sources[join.right]
             direct[join.alias] = changed_right_keys(changes[join.right].keys, right, join)
             later = [

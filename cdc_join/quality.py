@@ -286,7 +286,7 @@ def _row_suite(config: PipelineConfig, settings: QualitySettings) -> gx.Expectat
         if join.type is JoinType.INNER:
             meta = _meta(f"right_present:{join.alias}", seq)
             items.append(expect.ExpectColumnValuesToNotBeNull(column=seq, meta=meta, severity=critical))
-        else:
+        elif join.type is JoinType.LEFT:
             items.append(_orphan_expectation(join.alias, settings))
     items += [e.build(_meta(f"expectation:{e.name}", _columns_of(e.kwargs))) for e in settings.expectations]
     suite = gx.ExpectationSuite(name=f"{config.name}_silver")

@@ -29,7 +29,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, StructField, StructType
 
-from cdc_join import lookup, state, subscription
+from cdc_join import collect, lookup, state, subscription
 from cdc_join.changeset import ChangeSet, arrow_schema, found_in, materialize, one_partition, same_values
 from cdc_join.columns import (
     ACTION,
@@ -173,14 +173,19 @@ def incremental(
     left, pks = config.left_source, pk_columns(config.left_source)
     reached = _reached(config, checked)
     valid = [reached[j.alias].distinct(pks) for j in config.hops_from(config.left) if j.alias in reached]
-    affected = ChangeSet.concat([changed_keys[config.left], *valid], pks)
+    parents = collect.parents_of(instructions, config)
+    affected = ChangeSet.concat([changed_keys[config.left], *valid, *parents], pks)
     if not affected.rows:
         return Resolved(instructions, checked, None)
     renamed = dict(zip(left.primary_key, pks, strict=True))
-    in_scope = _rows_of_keys(
-        current[config.left], affected.renamed({p: c for c, p in renamed.items()}), list(left.primary_key)
+    keys = affected.renamed({p: c for c, p in renamed.items()})
+    held = (
+        _with_rows_of(storage, config, current[config.left], keys, pinned[config.left])
+        if parents
+        else current[config.left]
     )
-    right = _right_rows_named(storage, config, in_scope, pinned)
+    in_scope = _rows_of_keys(held, keys, list(left.primary_key))
+    right = _right_rows_named(storage, config, in_scope, changed, pinned)
     # The run id comes as a column, not as a literal: the query's code then compiles once per
     # session, not once per run (a left source with a column of that name gets the literal).
     run: int | str = run_id
@@ -192,6 +197,22 @@ def incremental(
     left_rows = one_partition(in_scope.frame, in_scope.rows)
     rows = build_rows(config, left_rows, right, run, merge=left_rows is not in_scope.frame)
     return Resolved(instructions, checked, materialize(rows))
+
+
+def _with_rows_of(
+    storage: Storage, config: PipelineConfig, held: ChangeSet, keys: ChangeSet, version: int
+) -> ChangeSet:
+    """``held`` (current left rows) with the rows of the ``keys`` it lacks, read by key: the
+    parents only a child's change names were not among the keys the state step read."""
+    key = list(config.left_source.primary_key)
+    missing = keys.filtered(pc.invert(found_in(keys.table, held.table, key)))
+    if not missing.rows:
+        return held
+    read = materialize(
+        state.read_current(storage, config.state_path(config.left), key, version, keys=missing)
+    )
+    table = pa.concat_tables([held.table, read.table.select(held.table.column_names).cast(held.table.schema)])
+    return ChangeSet(held.spark, held.schema, table)
 
 
 def _reached(config: PipelineConfig, checked: Mapping[str, ChangeSet]) -> dict[str, ChangeSet]:
@@ -242,13 +263,24 @@ def _fk_values(rows: ChangeSet, join: JoinConfig) -> ChangeSet:
 
 
 def _right_rows_named(
-    storage: Storage, config: PipelineConfig, left_rows: ChangeSet, pinned: Mapping[str, int]
+    storage: Storage,
+    config: PipelineConfig,
+    left_rows: ChangeSet,
+    changed: Mapping[str, ChangeSet],
+    pinned: Mapping[str, int],
 ) -> dict[str, DataFrame]:
     """Per join, the live right rows the left rows' foreign keys name (a keyed read, skipping
-    files); down a chain, those the rows named by the hop before name (read on the driver)."""
+    files); down a chain, those the rows named by the hop before name (read on the driver);
+    for a collect join, the arrays of the left rows' children (:func:`cdc_join.collect.children_of`)."""
     rows: dict[str, DataFrame] = {}
     held = {config.left: left_rows}
     for join in config.joins:
+        if join.collects:
+            parents = left_rows.distinct(list(config.left_source.primary_key))
+            rows[join.alias] = collect.children_of(
+                storage, config, join, parents, changed.get(join.right), pinned
+            )
+            continue
         right, path = config.sources[join.right], config.state_path(join.right)
         frame = lookup.right_rows(
             storage, path, pinned[join.right], right, join, _fk_values(held[join.source], join)
@@ -322,10 +354,17 @@ def _join_right(rows: DataFrame, config: PipelineConfig, join: JoinConfig, right
         f"{RIGHT} AS {quote(join.alias)}",
         f"{RIGHT_SEQ} AS {quote(lineage_column(join.alias))}",
     )
+    # A hop matches the right key on its source's fk; a collect join the children's fk on the
+    # parent's (left) key, by position.
+    named = config.left_source.primary_key if join.collects else join.foreign_key
     on = " AND ".join(
-        f"{quote(join.source)}.{quote(c)} = {quote(k)}" for c, k in zip(join.foreign_key, keys, strict=True)
+        f"{quote(join.source)}.{quote(c)} = {quote(k)}" for c, k in zip(named, keys, strict=True)
     )
-    return rows.join(renamed, F.expr(on), "left").drop(*keys)
+    joined = rows.join(renamed, F.expr(on), "left").drop(*keys)
+    if join.collects:
+        array_type = renamed.schema[join.alias].dataType
+        joined = joined.withColumn(join.alias, collect.empty_when_null(join.alias, array_type))
+    return joined
 
 
 def _output(config: PipelineConfig, rows: DataFrame) -> DataFrame:
@@ -355,24 +394,15 @@ def select_schema(storage: Storage, config: PipelineConfig) -> StructType:
     Spark's reason.
     """
     aliases = [(config.left, config.left), *((j.alias, j.right) for j in config.joins)]
+    after = {name: storage.schema(config.bronze_path(name))["_after"].dataType for name in config.sources}
     rows = StructType(
         [
-            StructField(alias, storage.schema(config.bronze_path(source))["_after"].dataType)
+            StructField(alias, collect.element_type(after[source]) if alias in collected else after[source])
             for alias, source in aliases
+            for collected in [{j.alias for j in config.joins if j.collects}]
         ]
     )
-    problems = []
-    for i, join in enumerate(config.joins):
-        left_columns = rows[join.source].dataType
-        missing = [c for c in join.foreign_key if c not in left_columns.names]
-        if missing:
-            problems.append(
-                ConfigError(
-                    f"{join.source!r} has no column {', '.join(map(repr, missing))}; its columns are "
-                    f"{', '.join(left_columns.names)}",
-                    key=f"joins[{i}].foreign_key",
-                )
-            )
+    problems = _foreign_key_problems(config, after)
     empty = storage.spark.createDataFrame([], rows)
     if not problems:
         # All expressions in one analysis (one round trip to the JVM, not one per expression);
@@ -403,6 +433,24 @@ def select_schema(storage: Storage, config: PipelineConfig) -> StructType:
     if problems:
         raise config_errors(problems, config.config_path)
     return StructType(fields)
+
+
+def _foreign_key_problems(config: PipelineConfig, after: Mapping[str, StructType]) -> list[ConfigError]:
+    """A join's foreign-key columns its source's rows (``after``: per source) lack: the hop's
+    left side's, or for a collect join the children's."""
+    problems = []
+    for i, join in enumerate(config.joins):
+        left_columns = after[config.hop_left(join).name]
+        missing = [c for c in join.foreign_key if c not in left_columns.names]
+        if missing:
+            problems.append(
+                ConfigError(
+                    f"{join.right if join.collects else join.source!r} has no column "
+                    f"{', '.join(map(repr, missing))}; its columns are {', '.join(left_columns.names)}",
+                    key=f"joins[{i}].foreign_key",
+                )
+            )
+    return problems
 
 
 def recompute(storage: Storage, config: PipelineConfig, pinned: Mapping[str, int], run_id: int) -> DataFrame:
@@ -465,6 +513,14 @@ def _affected(
     own = changed[name].distinct(list(source.primary_key))
     hits = [own.frame] if own.rows else []
     for join in config.hops_from(alias):
+        if join.collects:
+            children = changed[join.right]
+            if children.rows:
+                messages = {join.alias: subscription.instructions(children, config.hop_left(join), join)}
+                for parents in collect.parents_of(messages, config):
+                    named = dict(zip(pk_columns(source), source.primary_key, strict=True))
+                    hits.append(parents.renamed(named).frame)
+            continue
         further = _affected(storage, config, join.alias, changed, pinned)
         if further is None:
             continue
@@ -483,7 +539,18 @@ def _build_from_whole_right(
     """:func:`build_rows` of ``left_rows`` joined to every current right row, right tables
     under :data:`BROADCAST_BYTES` broadcast."""
     right = {
-        join.alias: lookup.right_rows(
+        join.alias: collect.arrays(
+            state.read_current(
+                storage,
+                config.state_path(join.right),
+                config.sources[join.right].primary_key,
+                pinned[join.right],
+            ),
+            config,
+            join,
+        )
+        if join.collects
+        else lookup.right_rows(
             storage, config.state_path(join.right), pinned[join.right], config.sources[join.right], join, None
         )
         for join in config.joins

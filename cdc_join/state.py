@@ -480,7 +480,7 @@ def frames(
             extra = [
                 found.distinct(list(pks)).renamed(pks)
                 for alias, found in subscribers.items()
-                if config.source_of(config.join_for_alias(alias).source) == name
+                if config.hop_left(config.join_for_alias(alias)).name == name
             ]
             keys = ChangeSet.concat([planned.keys, *extra], key) if extra else planned.keys
             if keys.rows:

@@ -157,7 +157,7 @@ def instructions_all(changes: Mapping[str, ChangeSet], config: PipelineConfig) -
     side did not change."""
     out = {}
     for join in config.joins:
-        changed = changes.get(config.source_of(join.source))
+        changed = changes.get(config.hop_left(join).name)
         if changed is not None and changed.rows:
             out[join.alias] = instructions(changed, config.hop_left(join), join)
     return out

@@ -26,7 +26,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, DataType, MapType, StructType
 
-from cdc_join import lookup, resolve, runlog, state, subscription
+from cdc_join import collect, lookup, resolve, runlog, state, subscription
 from cdc_join.columns import (
     ACTION,
     DELETED,
@@ -46,7 +46,7 @@ from cdc_join.config import PipelineConfig
 from cdc_join.ingest import beyond_lookback, legacy_warnings
 from cdc_join.landing import landing_warnings, list_folders
 from cdc_join.runlog import Checkpoint
-from cdc_join.schemas import quoted, widens_to
+from cdc_join.schemas import quoted, same_type, widens_to
 from cdc_join.storage import Storage
 
 SOURCES = ("bronze", "state")
@@ -153,7 +153,12 @@ def expected_silver(
     if source not in SOURCES:
         raise ValueError(f"source must be one of {SOURCES}, not {source!r}")
     current = current or _current(storage, config, source, runlog.last_checkpoint(storage, config))
-    right = {join.alias: _right_rows(current[join.right], config, join) for join in config.joins}
+    right = {
+        join.alias: collect.arrays(current[join.right], config, join)
+        if join.collects
+        else _right_rows(current[join.right], config, join)
+        for join in config.joins
+    }
     rows = resolve.build_rows(config, current[config.left], right, run_id=0)
     return rows.filter(F.col(ACTION) == "upsert")
 
@@ -311,7 +316,7 @@ def _silver_as_defined(
                 F.lit(None).cast(types[c]).alias(c)
                 if c in absent or c in retyped
                 else F.col(f"`{c}`").alias(c)
-                if have[c] == types[c]
+                if same_type(have[c], types[c])
                 else F.col(f"`{c}`").cast(types[c]).alias(c)
                 for c in columns
             ]
@@ -338,7 +343,7 @@ def _silver_differences(
 def _compares_as(held: DataType, wanted: DataType) -> bool:
     """Whether silver's values of type ``held`` compare with the definition's of type ``wanted``:
     the same type, or a flat type that widens to it (cast; a struct cast goes by position)."""
-    if held == wanted:
+    if same_type(held, wanted):  # nullability flags aside: arrays of structs carry many
         return True
     flat = not isinstance(held, (ArrayType, MapType, StructType))
     return flat and widens_to(held, wanted)

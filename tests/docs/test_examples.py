@@ -38,7 +38,7 @@ def assert_expected_silver(folder: Path, storage) -> None:
 
 # Examples whose changes must reach silver the incremental way too: each landing file is its own
 # run (in the order the files were written), so the later files' changes go through lookups.
-@pytest.mark.parametrize("name", ["tpch_chain"])
+@pytest.mark.parametrize("name", ["tpch_chain", "nested_orders"])
 def test_example_replayed_one_file_per_run_ends_at_its_expected_silver(
     name, tmp_path, spark, storage, capsys
 ):

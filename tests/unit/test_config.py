@@ -560,11 +560,47 @@ def test_a_source_joined_twice_in_a_chain_needs_an_alias(project: Path) -> None:
     assert "alias 'nations' is used twice" in str(err)
 
 
-def test_nested_children_are_refused_as_not_supported_yet_naming_the_key(project: Path) -> None:
+def _collect(project: Path) -> dict[str, Any]:
+    """Customers as the left source with their orders nested (``type: collect``)."""
     raw = _base()
-    raw["joins"][0]["type"] = "collect"
-    err = _fails(_write(project, raw), "joins[0].type")
-    assert "nested children (type: collect) are not supported yet" in str(err)
+    raw["left"] = "customers"
+    raw["joins"] = [{"right": "orders", "type": "collect", "foreign_key": ["purchaser"], "as": "purchases"}]
+    raw["select"] = {"id": "customers.id", "orders": "purchases", "n": "size(purchases)"}
+    return raw
+
+
+def test_a_collect_join_nests_the_children_whose_foreign_key_names_the_left_key(project: Path) -> None:
+    cfg = load_config(_write(project, _collect(project)))
+    (join,) = cfg.joins
+    assert join.collects and join.max_children == 10_000
+    assert cfg.hop_left(join) is cfg.sources["orders"]  # the children hold the foreign key
+    assert cfg.hop_sources == ("customers", "orders")
+    assert not cfg.chained
+
+
+def test_a_collect_foreign_key_must_be_as_long_as_the_parent_key(project: Path) -> None:
+    raw = _collect(project)
+    raw["joins"][0]["foreign_key"] = ["purchaser", "id"]
+    err = _fails(_write(project, raw), "joins[0].foreign_key")
+    assert "'customers' has a primary key of 1" in str(err)
+
+
+def test_max_children_must_be_a_positive_number_on_a_collect_join(project: Path) -> None:
+    raw = _collect(project)
+    raw["joins"][0]["max_children"] = 0
+    _fails(_write(project, raw), "joins[0].max_children")
+    raw = _base()
+    raw["joins"][0]["max_children"] = 5
+    err = _fails(_write(project, raw), "joins[0].max_children")
+    assert "collect join only" in str(err)
+
+
+def test_no_join_hangs_off_a_collect_join(project: Path) -> None:
+    raw = _collect(project)
+    raw["sources"]["nations"] = {"landing": "landing/orders", "primary_key": ["id"]}
+    raw["joins"].append({"right": "nations", "from": "purchases", "foreign_key": ["nation_id"]})
+    err = _fails(_write(project, raw), "joins[1].from")
+    assert "'purchases' is a collect join" in str(err)
 
 
 @pytest.mark.parametrize("key", ["name", "lake", "sources", "left", "select", "output"])
@@ -765,7 +801,7 @@ def test_the_cli_prints_every_config_mistake_and_exits_2(
     assert main(["run", str(path)]) == CONFIG_ERROR
     err = capsys.readouterr().err.splitlines()
     assert err[0] == f"cdc-join: error: {path}: 2 problems:"
-    assert err[1] == "    joins[0].type: must be 'inner' or 'left', got 'outer'"
+    assert err[1] == "    joins[0].type: must be 'inner', 'left' or 'collect', got 'outer'"
     assert err[2] == "    output: 'orders enriched' is not a valid name (letters, digits, _)"
     assert err[3] == "  next: fix the pipeline YAML and run again"
 

@@ -1,0 +1,259 @@
+"""Property: nested children (``type: collect``) stay equal to each parent's current children,
+whatever order, delay, duplication or crashes their events come with.
+
+``parents`` is the left source; ``kids`` are nested under the parent their ``parent`` column
+names, ordered by their key. The generators draw, for parents and kids: inserts, updates, moves
+of a kid to another parent (one that exists, one that does not, or none), deletes, truncates;
+nulls in every value column (string, bigint, decimal, date); both envelopes; equal sequence
+values; batches shuffled, with duplicates and old events delivered again; runs and full
+refreshes killed after a random step, runs told to recompute. The oracle recomputes, in plain
+Python, each parent's children (compared with silver) and the kids' subscriptions.
+Examples: ``CDC_JOIN_COLLECT_EXAMPLES`` (default 2).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import tempfile
+from datetime import date, timedelta
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, Phase, event, given, settings
+from hypothesis import strategies as st
+
+from cdc_join.report import SimulatedCrash
+from tests.property.test_silver_equals_oracle import _expected_value, _freeze
+from tests.support import make_pipeline, subscriptions
+
+TABLES = {
+    "parents": {"id": "int64", "name": "string", "score": "decimal(10,2)"},
+    "kids": {"id": "string", "parent": "int64", "v": "int64", "born": "date"},
+}
+SELECT = {
+    "id": "parents.id",
+    "name": "parents.name",
+    "score": "parents.score",
+    "kid_ids": "transform(kids, k -> k.id)",
+    "kid_vs": "transform(kids, k -> k.v)",
+    "kid_born": "transform(kids, k -> k.born)",
+    "n": "size(kids)",
+}
+PARENTS, KIDS = [1, 2, 3, 4], ["a", "b", "c", "d", "e", "f"]
+RUN_CRASHES = ["ingest", "state", "state:kids", "plan", "resolve", "silver", "subscription:kids", "cleanup"]
+REFRESH_CRASHES = ["state:parents", "state:kids", "subscription:kids", "resolve", "silver"]
+PLANS = {"auto": ["auto"], "recompute": ["recompute"], "mixed": ["auto", "recompute"]}
+EXAMPLES = int(os.environ.get("CDC_JOIN_COLLECT_EXAMPLES", "2"))
+
+maybe = st.booleans()
+operation = st.one_of(
+    st.tuples(st.just("parents"), st.sampled_from("cur"), st.sampled_from(PARENTS), st.none(), maybe),
+    st.tuples(
+        st.just("kids"),
+        st.sampled_from("cur"),
+        st.sampled_from(KIDS),
+        st.one_of(st.none(), st.sampled_from([1, 2, 3, 4, 9])),  # 9: no such parent
+        maybe,
+    ),
+    st.tuples(st.sampled_from(sorted(TABLES)), st.just("d"), st.none(), st.none(), maybe),
+    st.tuples(st.sampled_from(sorted(TABLES)), st.just("t"), st.none(), st.none(), maybe),
+)
+
+
+def _value(rng: random.Random, type_name: str) -> Any:
+    if rng.random() < 0.25:
+        return None
+    return {
+        "string": lambda: rng.choice(["", "x", "null", "é"]),
+        "int64": lambda: rng.choice([0, -5, 2**40]),
+        "decimal(10,2)": lambda: rng.choice([Decimal("0.00"), Decimal("-1.25"), Decimal("99.90")]),
+        "date": lambda: date(2024, 1, 1) + timedelta(days=rng.randint(-400, 400)),
+    }[type_name]()
+
+
+def _row(table: str, key: Any, fk: Any, rng: random.Random) -> dict[str, Any]:
+    values = {c: _value(rng, t) for c, t in TABLES[table].items()}
+    return values | ({"id": key} if table == "parents" else {"id": key, "parent": fk})
+
+
+def current_rows(delivered: list[dict]) -> dict[str, dict]:
+    newest: dict[tuple, dict] = {}
+    truncated: dict[str, int] = {}
+    for e in delivered:
+        if e["op"] == "t":
+            truncated[e["table"]] = max(truncated.get(e["table"], -1), e["order"][0])
+            continue
+        key = (e["table"], e["key"])
+        if key not in newest or e["order"] > newest[key]["order"]:
+            newest[key] = e
+    current: dict[str, dict] = {t: {} for t in TABLES}
+    for (table, key), e in newest.items():
+        if e["op"] != "d" and e["order"][0] >= truncated.get(table, -1):
+            current[table][key] = e["row"]
+    return current
+
+
+def oracle(delivered: list[dict], payload_only: set[str]) -> set[tuple]:
+    """Per current parent: its values and its current kids' ids, values and dates by kid id."""
+    current = current_rows(delivered)
+
+    def value(table: str, row: dict, column: str) -> Any:
+        return _freeze(_expected_value(row[column], TABLES[table][column], table in payload_only))
+
+    out = set()
+    for parent in current["parents"].values():
+        kids = sorted(
+            (k for k in current["kids"].values() if k["parent"] == parent["id"]), key=lambda k: k["id"]
+        )
+        out.add(
+            (
+                parent["id"],
+                value("parents", parent, "name"),
+                value("parents", parent, "score"),
+                tuple(k["id"] for k in kids),
+                tuple(value("kids", k, "v") for k in kids),
+                tuple(value("kids", k, "born") for k in kids),
+                len(kids),
+            )
+        )
+    return out
+
+
+def _silver(pipeline) -> set[tuple]:
+    cfg = pipeline.config
+    if not pipeline.storage.exists(cfg.silver_path):
+        return set()
+    rows = pipeline.storage.read(cfg.silver_path).select(*SELECT).collect()
+    return {tuple(_freeze(v) for v in row) for row in rows}
+
+
+@settings(
+    max_examples=EXAMPLES,
+    phases=(Phase.explicit, Phase.reuse, Phase.generate),
+    deadline=None,
+    suppress_health_check=[
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+    ],
+)
+@given(
+    ops=st.lists(operation, min_size=8, max_size=30),
+    payload_only=st.sets(st.sampled_from(sorted(TABLES))),
+    batches=st.integers(2, 4),
+    seed=st.integers(0, 2**32 - 1),
+    plans=st.sampled_from(sorted(PLANS)),
+)
+def test_nested_children_equal_the_oracle_after_every_completed_run(
+    spark, storage, ops, payload_only, batches, seed, plans
+):
+    rng = random.Random(seed)
+    root = Path(tempfile.mkdtemp(prefix="cdc_join_collect_"))
+    joins = [{"right": "kids", "type": "collect", "foreign_key": ["parent"]}]
+    pipeline, writer = make_pipeline(
+        root,
+        spark,
+        storage,
+        tables={t: dict(c) for t, c in TABLES.items()},
+        left="parents",
+        joins=joins,
+        select=SELECT,
+    )
+    writer.payload_only = set(payload_only)
+    # A parent and a kid in every first batch: both sources have events from the first run on;
+    # parent 8 and its kids y and z no op touches (the last batch moves z away and deletes y).
+    seeds = [
+        _event("parents", "c", 1, _row("parents", 1, None, rng), 1),
+        _event("kids", "c", "a", _row("kids", "a", 1, rng), 2),
+        _event("parents", "c", 8, _row("parents", 8, None, rng), 3),
+        _event("kids", "c", "y", _row("kids", "y", 8, rng), 4),
+        _event("kids", "c", "z", _row("kids", "z", 8, rng), 5),
+    ]
+    delivered: list[dict] = []
+    for number, batch in enumerate(_history(ops, rng, batches)):
+        now = batch + (seeds if number == 0 else [])
+        now += [e for e in now if rng.random() < 0.2]  # duplicates
+        if delivered:  # old events again, after newer ones (not parent 8's: in a later file they
+            # are newer events, which would rebuild its row)
+            again = [e for e in delivered if e["key"] not in (8, "y", "z")]
+            now += rng.sample(again, min(len(again), rng.randint(1, 4)))
+        rng.shuffle(now)
+        delivered += _land(writer, now)
+        _run_with_crashes(pipeline, rng, PLANS[plans])
+        if number and any(e["table"] == "kids" and e["op"] == "u" for e in batch):
+            event("a later batch updated or moved kids")
+        expected = oracle(delivered, set(payload_only))
+        assert _silver(pipeline) == expected, f"after batch {number}"
+        kids = current_rows(delivered)["kids"].values()
+        assert subscriptions(pipeline, 0) == {(k["parent"], k["id"]) for k in kids if k["parent"] is not None}
+    assert pipeline.verify().ok
+
+
+def _history(ops: list[tuple], rng: random.Random, batches: int) -> list[list[dict]]:
+    """The ops as events with sequences (some equal to the previous one), cut into batches; a
+    delete removes a row the history wrote."""
+    events, lsn, written = [], 10, {t: [] for t in TABLES}
+    cuts = sorted(rng.sample(range(1, len(ops)), min(batches - 1, len(ops) - 1)))
+    for table, op, key, fk, same_lsn in ops:
+        lsn += 0 if same_lsn else 1
+        if op == "t":
+            events.append(_event(table, "t", None, None, lsn))
+        elif op == "d":
+            if written[table]:
+                row = rng.choice(written[table])
+                events.append(_event(table, "d", row["id"], row, lsn))
+        else:
+            row = _row(table, key, fk, rng)
+            written[table].append(row)
+            events.append(_event(table, op, key, row, lsn))
+    out: list[list[dict]] = [[] for _ in range(len(cuts) + 1)]
+    for i, e in enumerate(events):
+        out[sum(1 for c in cuts if i >= c)].append(e)
+    # Parent 8's kids leave it in the last batch: only their instructions to their old parent
+    # (unsubscribe, delete) reach parent 8's row.
+    y = {**_row("kids", "y", 8, rng)}
+    out[-1] += [
+        _event("kids", "u", "z", _row("kids", "z", rng.choice([1, 9, None]), rng), lsn + 1),
+        _event("kids", "d", "y", y, lsn + 2),
+    ]
+    return out
+
+
+def _event(table: str, op: str, key: Any, row: dict | None, lsn: int) -> dict:
+    return {"table": table, "op": op, "key": key, "row": row, "lsn": lsn}
+
+
+def _land(writer, events: list[dict]) -> list[dict]:
+    landed = []
+    for table in TABLES:
+        mine = [e for e in events if e["table"] == table]
+        if not mine:
+            continue
+        lines = []
+        for e in mine:
+            if e["op"] == "t":
+                lines.append(writer.event(table, "t", lsn=e["lsn"]))
+            elif e["op"] == "d":
+                lines.append(writer.delete(table, e["row"], e["lsn"]))
+            else:
+                lines.append(writer.upsert(table, e["row"], e["lsn"], e["op"]))
+        path = writer.write(table, lines)
+        landed += [{**e, "order": (e["lsn"], path.name, n)} for n, e in enumerate(mine, start=1)]
+    return landed
+
+
+def _run_with_crashes(pipeline, rng: random.Random, plans: list[str]) -> None:
+    roll = rng.random()
+    if roll < 0.3:
+        with contextlib.suppress(SimulatedCrash):
+            pipeline.run(crash_after=rng.choice(RUN_CRASHES), plan=rng.choice(plans))
+    elif roll < 0.45:
+        with contextlib.suppress(SimulatedCrash):
+            pipeline.full_refresh(crash_after=rng.choice(REFRESH_CRASHES))
+    if rng.random() < 0.1:
+        pipeline.full_refresh()
+    else:
+        pipeline.run(plan=rng.choice(plans))
