@@ -16,7 +16,6 @@ join (compared with silver) and each hop's subscriptions. Examples: ``CDC_JOIN_C
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
 import tempfile
@@ -28,7 +27,7 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 
-from cdc_join.report import SimulatedCrash
+from tests.property.histories import change, current_rows, land, run_with_crashes
 from tests.property.test_silver_equals_oracle import _expected_value, _freeze
 from tests.support import make_pipeline, silver_rows, subscriptions
 
@@ -149,29 +148,10 @@ def _key(table: str, row: dict) -> Any:
 # -- the oracle ----------------------------------------------------------------------------
 
 
-def current_rows(delivered: list[dict]) -> dict[str, dict]:
-    """Per table, the current rows: per key the event of greatest (sequence, file, line); a
-    delete, or a truncate at a greater sequence, removes it."""
-    newest: dict[tuple, dict] = {}
-    truncated: dict[str, int] = {}
-    for e in delivered:
-        if e["op"] == "t":
-            truncated[e["table"]] = max(truncated.get(e["table"], -1), e["order"][0])
-            continue
-        key = (e["table"], e["key"])
-        if key not in newest or e["order"] > newest[key]["order"]:
-            newest[key] = e
-    current: dict[str, dict] = {t: {} for t in TABLES}
-    for (table, key), e in newest.items():
-        if e["op"] != "d" and e["order"][0] >= truncated.get(table, -1):
-            current[table][key] = e["row"]
-    return current
-
-
 def oracle(delivered: list[dict], hops: tuple[str, str, str], payload_only: set[str]) -> set[tuple]:
     """The chained join of the current rows: a hop whose foreign key has a null part, or whose
     left side is missing, names no row."""
-    current = current_rows(delivered)
+    current = current_rows(delivered, TABLES)
 
     def value(table: str, row: dict | None, column: str) -> Any:
         if row is None:
@@ -204,7 +184,7 @@ def oracle(delivered: list[dict], hops: tuple[str, str, str], payload_only: set[
 
 def expected_subscriptions(delivered: list[dict]) -> list[set[tuple]]:
     """Per hop, ``(fk…, pk…)`` of every current row of its left side whose fk has no null part."""
-    current = current_rows(delivered)
+    current = current_rows(delivered, TABLES)
     return [
         {(r["cust"], r["id"]) for r in current["orders"].values() if r["cust"] is not None},
         {
@@ -265,10 +245,10 @@ def test_a_chain_equals_the_oracle_after_every_completed_run(
     # o9 → customer 9 → nation (9, z) → region 9: no op touches o9 or customer 9, so only a
     # change of that nation or region walking back through the chain keeps o9's row right.
     seeds = [
-        _event("regions", "c", 9, _row("regions", 9, None, rng), 1),
-        _event("nations", "c", (9, "z"), _row("nations", (9, "z"), 9, rng), 2),
-        _event("customers", "c", 9, _row("customers", 9, (9, "z"), rng), 3),
-        _event("orders", "c", "o9", _row("orders", "o9", 9, rng), 4),
+        change("regions", "c", 9, _row("regions", 9, None, rng), 1),
+        change("nations", "c", (9, "z"), _row("nations", (9, "z"), 9, rng), 2),
+        change("customers", "c", 9, _row("customers", 9, (9, "z"), rng), 3),
+        change("orders", "c", "o9", _row("orders", "o9", 9, rng), 4),
     ]
     history = _history(ops, rng, batches)
     delivered: list[dict] = []
@@ -281,8 +261,8 @@ def test_a_chain_equals_the_oracle_after_every_completed_run(
             ]
             now += rng.sample(again, min(len(again), rng.randint(1, 4)))
         rng.shuffle(now)
-        delivered += _land(writer, now)
-        _run_with_crashes(pipeline, rng, PLANS[plans])
+        delivered += land(writer, now, TABLES)
+        run_with_crashes(pipeline, rng, PLANS[plans], RUN_CRASHES, REFRESH_CRASHES)
         expected = oracle(delivered, hops, set(payload_only))
         for table in ("customers", "nations", "regions"):  # what --hypothesis-show-statistics counts
             if any(e["table"] == table and e["op"] in "udt" for e in batch) and expected:
@@ -300,63 +280,24 @@ def _history(ops: list[tuple], rng: random.Random, batches: int) -> list[list[di
     for table, op, key, fk, _, same_lsn in ops:
         lsn += 0 if same_lsn else 1
         if op == "t":
-            events.append(_event(table, "t", None, None, lsn))
+            events.append(change(table, "t", None, None, lsn))
             continue
         if op == "d":
             row = rng.choice(written[table]) if written[table] else None
             if row is None:
                 continue
-            events.append(_event(table, "d", _key(table, row), row, lsn))
+            events.append(change(table, "d", _key(table, row), row, lsn))
             continue
         row = _row(table, key, fk, rng)
         written[table].append(row)
-        events.append(_event(table, op, key, row, lsn))
+        events.append(change(table, op, key, row, lsn))
     out: list[list[dict]] = [[] for _ in range(len(cuts) + 1)]
     for i, e in enumerate(events):
         out[sum(1 for c in cuts if i >= c)].append(e)
     # The last batch renames o9's region and its nation (keeping the chain): only the walk back
     # through the chain's subscriptions reaches o9's row.
     out[-1] += [
-        _event("nations", "u", (9, "z"), _row("nations", (9, "z"), 9, rng), lsn + 1),
-        _event("regions", "u", 9, _row("regions", 9, None, rng), lsn + 2),
+        change("nations", "u", (9, "z"), _row("nations", (9, "z"), 9, rng), lsn + 1),
+        change("regions", "u", 9, _row("regions", 9, None, rng), lsn + 2),
     ]
     return out
-
-
-def _event(table: str, op: str, key: Any, row: dict | None, lsn: int) -> dict:
-    return {"table": table, "op": op, "key": key, "row": row, "lsn": lsn}
-
-
-def _land(writer, events: list[dict]) -> list[dict]:
-    """Write each table's events as one file; return them with their order (lsn, file, line)."""
-    landed = []
-    for table in TABLES:
-        mine = [e for e in events if e["table"] == table]
-        if not mine:
-            continue
-        lines = []
-        for e in mine:
-            if e["op"] == "t":
-                lines.append(writer.event(table, "t", lsn=e["lsn"]))
-            elif e["op"] == "d":
-                lines.append(writer.delete(table, e["row"], e["lsn"]))
-            else:
-                lines.append(writer.upsert(table, e["row"], e["lsn"], e["op"]))
-        path = writer.write(table, lines)
-        landed += [{**e, "order": (e["lsn"], path.name, n)} for n, e in enumerate(mine, start=1)]
-    return landed
-
-
-def _run_with_crashes(pipeline, rng: random.Random, plans: list[str]) -> None:
-    """One completed run (sometimes a full refresh), after a killed run or refresh sometimes."""
-    roll = rng.random()
-    if roll < 0.3:
-        with contextlib.suppress(SimulatedCrash):
-            pipeline.run(crash_after=rng.choice(RUN_CRASHES), plan=rng.choice(plans))
-    elif roll < 0.45:
-        with contextlib.suppress(SimulatedCrash):
-            pipeline.full_refresh(crash_after=rng.choice(REFRESH_CRASHES))
-    if rng.random() < 0.1:
-        pipeline.full_refresh()
-    else:
-        pipeline.run(plan=rng.choice(plans))

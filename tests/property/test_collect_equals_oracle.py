@@ -13,7 +13,6 @@ Examples: ``CDC_JOIN_COLLECT_EXAMPLES`` (default 2).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
 import tempfile
@@ -25,7 +24,7 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 
-from cdc_join.report import SimulatedCrash
+from tests.property.histories import change, current_rows, land, run_with_crashes
 from tests.property.test_silver_equals_oracle import _expected_value, _freeze
 from tests.support import make_pipeline, subscriptions
 
@@ -79,26 +78,9 @@ def _row(table: str, key: Any, fk: Any, rng: random.Random) -> dict[str, Any]:
     return values | ({"id": key} if table == "parents" else {"id": key, "parent": fk})
 
 
-def current_rows(delivered: list[dict]) -> dict[str, dict]:
-    newest: dict[tuple, dict] = {}
-    truncated: dict[str, int] = {}
-    for e in delivered:
-        if e["op"] == "t":
-            truncated[e["table"]] = max(truncated.get(e["table"], -1), e["order"][0])
-            continue
-        key = (e["table"], e["key"])
-        if key not in newest or e["order"] > newest[key]["order"]:
-            newest[key] = e
-    current: dict[str, dict] = {t: {} for t in TABLES}
-    for (table, key), e in newest.items():
-        if e["op"] != "d" and e["order"][0] >= truncated.get(table, -1):
-            current[table][key] = e["row"]
-    return current
-
-
 def oracle(delivered: list[dict], payload_only: set[str]) -> set[tuple]:
     """Per current parent: its values and its current kids' ids, values and dates by kid id."""
-    current = current_rows(delivered)
+    current = current_rows(delivered, TABLES)
 
     def value(table: str, row: dict, column: str) -> Any:
         return _freeze(_expected_value(row[column], TABLES[table][column], table in payload_only))
@@ -166,11 +148,11 @@ def test_nested_children_equal_the_oracle_after_every_completed_run(
     # A parent and a kid in every first batch: both sources have events from the first run on;
     # parent 8 and its kids y and z no op touches (the last batch moves z away and deletes y).
     seeds = [
-        _event("parents", "c", 1, _row("parents", 1, None, rng), 1),
-        _event("kids", "c", "a", _row("kids", "a", 1, rng), 2),
-        _event("parents", "c", 8, _row("parents", 8, None, rng), 3),
-        _event("kids", "c", "y", _row("kids", "y", 8, rng), 4),
-        _event("kids", "c", "z", _row("kids", "z", 8, rng), 5),
+        change("parents", "c", 1, _row("parents", 1, None, rng), 1),
+        change("kids", "c", "a", _row("kids", "a", 1, rng), 2),
+        change("parents", "c", 8, _row("parents", 8, None, rng), 3),
+        change("kids", "c", "y", _row("kids", "y", 8, rng), 4),
+        change("kids", "c", "z", _row("kids", "z", 8, rng), 5),
     ]
     delivered: list[dict] = []
     for number, batch in enumerate(_history(ops, rng, batches)):
@@ -181,13 +163,13 @@ def test_nested_children_equal_the_oracle_after_every_completed_run(
             again = [e for e in delivered if e["key"] not in (8, "y", "z")]
             now += rng.sample(again, min(len(again), rng.randint(1, 4)))
         rng.shuffle(now)
-        delivered += _land(writer, now)
-        _run_with_crashes(pipeline, rng, PLANS[plans])
+        delivered += land(writer, now, TABLES)
+        run_with_crashes(pipeline, rng, PLANS[plans], RUN_CRASHES, REFRESH_CRASHES)
         if number and any(e["table"] == "kids" and e["op"] == "u" for e in batch):
             event("a later batch updated or moved kids")
         expected = oracle(delivered, set(payload_only))
         assert _silver(pipeline) == expected, f"after batch {number}"
-        kids = current_rows(delivered)["kids"].values()
+        kids = current_rows(delivered, TABLES)["kids"].values()
         assert subscriptions(pipeline, 0) == {(k["parent"], k["id"]) for k in kids if k["parent"] is not None}
     assert pipeline.verify().ok
 
@@ -200,15 +182,15 @@ def _history(ops: list[tuple], rng: random.Random, batches: int) -> list[list[di
     for table, op, key, fk, same_lsn in ops:
         lsn += 0 if same_lsn else 1
         if op == "t":
-            events.append(_event(table, "t", None, None, lsn))
+            events.append(change(table, "t", None, None, lsn))
         elif op == "d":
             if written[table]:
                 row = rng.choice(written[table])
-                events.append(_event(table, "d", row["id"], row, lsn))
+                events.append(change(table, "d", row["id"], row, lsn))
         else:
             row = _row(table, key, fk, rng)
             written[table].append(row)
-            events.append(_event(table, op, key, row, lsn))
+            events.append(change(table, op, key, row, lsn))
     out: list[list[dict]] = [[] for _ in range(len(cuts) + 1)]
     for i, e in enumerate(events):
         out[sum(1 for c in cuts if i >= c)].append(e)
@@ -216,44 +198,7 @@ def _history(ops: list[tuple], rng: random.Random, batches: int) -> list[list[di
     # (unsubscribe, delete) reach parent 8's row.
     y = {**_row("kids", "y", 8, rng)}
     out[-1] += [
-        _event("kids", "u", "z", _row("kids", "z", rng.choice([1, 9, None]), rng), lsn + 1),
-        _event("kids", "d", "y", y, lsn + 2),
+        change("kids", "u", "z", _row("kids", "z", rng.choice([1, 9, None]), rng), lsn + 1),
+        change("kids", "d", "y", y, lsn + 2),
     ]
     return out
-
-
-def _event(table: str, op: str, key: Any, row: dict | None, lsn: int) -> dict:
-    return {"table": table, "op": op, "key": key, "row": row, "lsn": lsn}
-
-
-def _land(writer, events: list[dict]) -> list[dict]:
-    landed = []
-    for table in TABLES:
-        mine = [e for e in events if e["table"] == table]
-        if not mine:
-            continue
-        lines = []
-        for e in mine:
-            if e["op"] == "t":
-                lines.append(writer.event(table, "t", lsn=e["lsn"]))
-            elif e["op"] == "d":
-                lines.append(writer.delete(table, e["row"], e["lsn"]))
-            else:
-                lines.append(writer.upsert(table, e["row"], e["lsn"], e["op"]))
-        path = writer.write(table, lines)
-        landed += [{**e, "order": (e["lsn"], path.name, n)} for n, e in enumerate(mine, start=1)]
-    return landed
-
-
-def _run_with_crashes(pipeline, rng: random.Random, plans: list[str]) -> None:
-    roll = rng.random()
-    if roll < 0.3:
-        with contextlib.suppress(SimulatedCrash):
-            pipeline.run(crash_after=rng.choice(RUN_CRASHES), plan=rng.choice(plans))
-    elif roll < 0.45:
-        with contextlib.suppress(SimulatedCrash):
-            pipeline.full_refresh(crash_after=rng.choice(REFRESH_CRASHES))
-    if rng.random() < 0.1:
-        pipeline.full_refresh()
-    else:
-        pipeline.run(plan=rng.choice(plans))

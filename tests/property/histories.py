@@ -1,0 +1,76 @@
+"""What the chain and nested-children property tests share: events as dicts, landing them,
+the current rows they imply, and runs that are killed part-way sometimes."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from cdc_join.report import SimulatedCrash
+
+
+def change(table: str, op: str, key: Any, row: dict | None, lsn: int) -> dict:
+    """One event of a history (``op``: c, u, r, d or t)."""
+    return {"table": table, "op": op, "key": key, "row": row, "lsn": lsn}
+
+
+def land(writer, events: list[dict], tables: Iterable[str]) -> list[dict]:
+    """Write each table's events as one file; return them with their order (lsn, file, line)."""
+    landed = []
+    for table in tables:
+        mine = [e for e in events if e["table"] == table]
+        if not mine:
+            continue
+        lines = []
+        for e in mine:
+            if e["op"] == "t":
+                lines.append(writer.event(table, "t", lsn=e["lsn"]))
+            elif e["op"] == "d":
+                lines.append(writer.delete(table, e["row"], e["lsn"]))
+            else:
+                lines.append(writer.upsert(table, e["row"], e["lsn"], e["op"]))
+        path = writer.write(table, lines)
+        landed += [{**e, "order": (e["lsn"], path.name, n)} for n, e in enumerate(mine, start=1)]
+    return landed
+
+
+def current_rows(delivered: list[dict], tables: Iterable[str]) -> dict[str, dict]:
+    """Per table, the current rows: per key the event of greatest (sequence, file, line); a
+    delete, or a truncate at a greater sequence, removes it."""
+    newest: dict[tuple, dict] = {}
+    truncated: dict[str, int] = {}
+    for e in delivered:
+        if e["op"] == "t":
+            truncated[e["table"]] = max(truncated.get(e["table"], -1), e["order"][0])
+            continue
+        key = (e["table"], e["key"])
+        if key not in newest or e["order"] > newest[key]["order"]:
+            newest[key] = e
+    current: dict[str, dict] = {t: {} for t in tables}
+    for (table, key), e in newest.items():
+        if e["op"] != "d" and e["order"][0] >= truncated.get(table, -1):
+            current[table][key] = e["row"]
+    return current
+
+
+def run_with_crashes(
+    pipeline,
+    rng: random.Random,
+    plans: Sequence[str],
+    run_crashes: Sequence[str],
+    refresh_crashes: Sequence[str],
+) -> None:
+    """One completed run (sometimes a full refresh), after a killed run or refresh sometimes."""
+    roll = rng.random()
+    if roll < 0.3:
+        with contextlib.suppress(SimulatedCrash):
+            pipeline.run(crash_after=rng.choice(run_crashes), plan=rng.choice(plans))
+    elif roll < 0.45:
+        with contextlib.suppress(SimulatedCrash):
+            pipeline.full_refresh(crash_after=rng.choice(refresh_crashes))
+    if rng.random() < 0.1:
+        pipeline.full_refresh()
+    else:
+        pipeline.run(plan=rng.choice(plans))
