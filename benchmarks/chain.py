@@ -39,6 +39,7 @@ from benchmarks.workload import (
     _append_bronze,
     _row,
     duck_connection,
+    orders_and_customers,
     tpch_parquet,
 )
 
@@ -131,16 +132,7 @@ class ChainLake:
 
         paths = tpch_parquet(self.scale, self.cache)
         con = duck_connection()
-        orders = con.sql(
-            "SELECT o_orderkey, o_custkey, o_orderstatus::VARCHAR o_orderstatus, o_totalprice::DOUBLE "
-            "o_totalprice, o_orderdate, o_orderpriority::VARCHAR o_orderpriority, o_clerk::VARCHAR o_clerk, "
-            f"o_shippriority, o_comment::VARCHAR o_comment FROM '{paths['orders']}' ORDER BY o_orderkey"
-        ).to_arrow_table()
-        customer = con.sql(
-            "SELECT c_custkey, c_name::VARCHAR c_name, c_address::VARCHAR c_address, c_nationkey, "
-            "c_phone::VARCHAR c_phone, c_acctbal::DOUBLE c_acctbal, c_mktsegment::VARCHAR c_mktsegment, "
-            f"c_comment::VARCHAR c_comment FROM '{paths['customer']}' ORDER BY c_custkey"
-        ).to_arrow_table()
+        orders, customer = orders_and_customers(con, paths)
         self.customers = {r["c_custkey"]: r for r in customer.slice(0, 1000).to_pylist()}
         tables = {
             "region": pa.Table.from_pylist(list(self.regions.values())),

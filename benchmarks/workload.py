@@ -187,6 +187,21 @@ def synthetic_tpch(scale: float, paths: dict[str, Path], seed: int = 7) -> None:
     pq.write_table(pa.table(order), paths["orders"])
 
 
+def orders_and_customers(con: duckdb.DuckDBPyConnection, paths: dict[str, Path]) -> tuple[pa.Table, pa.Table]:
+    """TPC-H's ``orders`` and ``customer`` rows, typed as the pipeline's columns."""
+    orders = con.sql(
+        "SELECT o_orderkey, o_custkey, o_orderstatus::VARCHAR o_orderstatus, o_totalprice::DOUBLE "
+        "o_totalprice, o_orderdate, o_orderpriority::VARCHAR o_orderpriority, o_clerk::VARCHAR o_clerk, "
+        f"o_shippriority, o_comment::VARCHAR o_comment FROM '{paths['orders']}' ORDER BY o_orderkey"
+    ).to_arrow_table()
+    customer = con.sql(
+        "SELECT c_custkey, c_name::VARCHAR c_name, c_address::VARCHAR c_address, c_nationkey, "
+        "c_phone::VARCHAR c_phone, c_acctbal::DOUBLE c_acctbal, c_mktsegment::VARCHAR c_mktsegment, "
+        f"c_comment::VARCHAR c_comment FROM '{paths['customer']}' ORDER BY c_custkey"
+    ).to_arrow_table()
+    return orders, customer
+
+
 @dataclass(frozen=True)
 class Batch:
     """What one change batch landed."""
@@ -241,16 +256,7 @@ class Workload:
         """The snapshot rows per table, typed as the pipeline's columns."""
         paths = tpch_parquet(self.scale, self.cache)
         con = duck_connection()
-        orders = con.sql(
-            "SELECT o_orderkey, o_custkey, o_orderstatus::VARCHAR o_orderstatus, o_totalprice::DOUBLE "
-            "o_totalprice, o_orderdate, o_orderpriority::VARCHAR o_orderpriority, o_clerk::VARCHAR o_clerk, "
-            f"o_shippriority, o_comment::VARCHAR o_comment FROM '{paths['orders']}' ORDER BY o_orderkey"
-        ).to_arrow_table()
-        customer = con.sql(
-            "SELECT c_custkey, c_name::VARCHAR c_name, c_address::VARCHAR c_address, c_nationkey, "
-            "c_phone::VARCHAR c_phone, c_acctbal::DOUBLE c_acctbal, c_mktsegment::VARCHAR c_mktsegment, "
-            f"c_comment::VARCHAR c_comment FROM '{paths['customer']}' ORDER BY c_custkey"
-        ).to_arrow_table()
+        orders, customer = orders_and_customers(con, paths)
         clerk = con.sql(
             "SELECT DISTINCT o_clerk::VARCHAR AS k_clerk, "
             "'team-' || (CAST(right(o_clerk::VARCHAR, 9) AS BIGINT) % 10)::VARCHAR AS k_team, "
