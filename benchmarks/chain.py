@@ -11,33 +11,25 @@ batches of one change each land, each followed by an incremental run (``plan=aut
 - ``customer_move``: one customer moves to another nation: its ~10 orders.
 
 Per run: seconds (without ingest), the affected silver keys the run reports, Spark jobs, and
-``verify`` (silver against the chained join recomputed from bronze). After the last batch of
-each kind, the full-refresh job a user of the backend would write (newest row per key from
-bronze, the three joins, an overwrite, all in Spark) is timed on the same bronze. Only one
-lake at a time: a second run of this module replaces it.
+``verify`` (silver against the chained join recomputed from bronze); after the last batch of
+each kind, the full-refresh job (the three joins in Spark from bronze, an overwrite). The
+harness is :mod:`benchmarks.shapes`. Only one lake at a time: a second run replaces it.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import statistics
-import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import yaml
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from benchmarks.run import _load, machine, peak_driver_rss_mb, reset_peak_rss
+from benchmarks import shapes
 from benchmarks.workload import (
     CUSTOMER_COLUMNS,
     ORDERS_COLUMNS,
-    _append_bronze,
-    _row,
     duck_connection,
     orders_and_customers,
     tpch_parquet,
@@ -90,67 +82,34 @@ def pipeline_spec() -> dict[str, Any]:
     }
 
 
-class ChainLake:
-    """The lake, its landing folders and the rows the benchmark's changes start from."""
+class ChainLake(shapes.Lake):
+    """The chain's lake and the rows its changes start from."""
+
+    name = "chain"
+    tables = TABLES
+    keys = KEYS
+    kinds = KINDS
 
     def __init__(self, root: Path, scale: float, cache: Path) -> None:
-        self.root, self.scale, self.cache = root, scale, cache
-        self.lsn = 0
-        self.files = 0
+        super().__init__(root, scale, cache)
         self.nations = {
             k: {"n_nationkey": k, "n_name": n, "n_regionkey": r} for k, (n, r) in enumerate(NATIONS)
         }
         self.regions = {k: {"r_regionkey": k, "r_name": n} for k, n in enumerate(REGIONS)}
         self.customers: dict[int, dict[str, Any]] = {}
 
-    def write_config(self) -> Path:
-        for t in TABLES:
-            (self.root / "landing" / t).mkdir(parents=True, exist_ok=True)
-        path = self.root / "pipeline.yml"
-        path.write_text(yaml.safe_dump(pipeline_spec(), sort_keys=False))
-        return path
+    def spec(self) -> dict[str, Any]:
+        return pipeline_spec()
 
-    def land(self, table: str, op: str, before: dict | None, after: dict | None) -> None:
-        self.lsn += 1
-        self.files += 1
-        ts = 1_700_000_000_000 + self.lsn
-        event = {
-            "before": _row(table, before, TABLES[table]),
-            "after": _row(table, after, TABLES[table]),
-            "source": {"connector": "postgresql", "table": table, "lsn": self.lsn, "ts_ms": ts},
-            "op": op,
-            "ts_ms": ts,
-        }
-        final = self.root / "landing" / table / f"{table}-{self.files:06d}.jsonl"
-        tmp = final.with_name(f"_{final.name}.tmp")
-        tmp.write_text(json.dumps(event, separators=(",", ":")) + "\n")
-        tmp.rename(final)
-
-    def load_snapshot(self, spark: Any, storage: Any, config: Any) -> dict[str, int]:
-        """A seed row per table through landing and ingest, the rest appended to bronze."""
-        from cdc_join.ingest import ingest_all
-
-        paths = tpch_parquet(self.scale, self.cache)
-        con = duck_connection()
-        orders, customer = orders_and_customers(con, paths)
+    def snapshot(self) -> dict[str, pa.Table]:
+        orders, customer = orders_and_customers(duck_connection(), tpch_parquet(self.scale, self.cache))
         self.customers = {r["c_custkey"]: r for r in customer.slice(0, 1000).to_pylist()}
-        tables = {
+        return {
             "region": pa.Table.from_pylist(list(self.regions.values())),
             "nation": pa.Table.from_pylist(list(self.nations.values())),
             "customer": customer,
             "orders": orders,
         }
-        first = {}
-        for name, table in tables.items():
-            self.land(name, "r", None, table.slice(0, 1).to_pylist()[0])
-            first[name] = self.lsn + 1
-            self.lsn += table.num_rows - 1
-        ingest_all(spark, storage, config)
-        for name, table in tables.items():
-            rest = table.slice(1).cast(pa.schema([table.schema.field(c) for c in table.column_names]))
-            if rest.num_rows:
-                _append_bronze(config.bronze_path(name), name, rest, first[name], TABLES[name])
-        return {name: t.num_rows for name, t in tables.items()}
 
     def change(self, kind: str, number: int) -> str:
         """Land one change of ``kind``; what it was."""
@@ -173,125 +132,25 @@ class ChainLake:
         self.land("customer", "u", old, self.customers[key])
         return f"customer {key}"
 
-
-def spark_full_refresh(storage: Any, config: Any) -> float:
-    """The job a user would write in Spark: newest row per key from bronze, the chain, overwrite."""
-    start = time.perf_counter()
-
-    def latest(table: str) -> Any:
-        key = KEYS[table]
-        bronze = storage.read(config.bronze_path(table)).filter(F.col("_op") != "t")
-        newest = bronze.groupBy(F.coalesce(F.col(f"_after.{key}"), F.col(f"_before.{key}")).alias("_k")).agg(
-            F.max_by(F.struct("_op", "_after"), F.col("_seq")).alias("_n")
+    def full_refresh(self, storage: Any, config: Any) -> DataFrame:
+        rows = {t: self.latest(storage, config, t) for t in TABLES}
+        return (
+            rows["orders"]
+            .join(rows["customer"], F.col("orders.o_custkey") == F.col("customer.c_custkey"), "inner")
+            .join(rows["nation"], F.col("customer.c_nationkey") == F.col("nation.n_nationkey"), "left")
+            .join(rows["region"], F.col("nation.n_regionkey") == F.col("region.r_regionkey"), "left")
+            .select(*[F.expr(e).alias(n) for n, e in SELECT.items()])
         )
-        return newest.filter(F.col("_n._op") != "d").select("_n._after.*").alias(table)
-
-    rows = {t: latest(t) for t in TABLES}
-    joined = (
-        rows["orders"]
-        .join(rows["customer"], F.col("orders.o_custkey") == F.col("customer.c_custkey"), "inner")
-        .join(rows["nation"], F.col("customer.c_nationkey") == F.col("nation.n_nationkey"), "left")
-        .join(rows["region"], F.col("nation.n_regionkey") == F.col("region.r_regionkey"), "left")
-        .select(*[F.expr(e).alias(n) for n, e in SELECT.items()])
-    )
-    path = config.silver_path.rsplit("/", 1)[0] + "/orders_by_region_full_refresh"
-    storage.create(path, joined.schema, cdf=False)
-    storage.overwrite(path, joined)
-    return time.perf_counter() - start
 
 
 def bench(spark: Any, storage: Any, scale: float, repeat: int, work: Path, progress: Any) -> dict[str, Any]:
-    """Load the lake at ``scale``, then ``repeat`` batches of each kind; the measurements."""
-    from cdc_join.config import load_config
-    from cdc_join.pipeline import Pipeline
-
-    root = work / f"chain_sf{scale:g}"
-    if root.exists():
-        import shutil
-
-        shutil.rmtree(root)
-    lake = ChainLake(root, scale, work / "tpch")
-    config = load_config(lake.write_config())
-    pipeline = Pipeline(config, spark, storage)
-    start = time.perf_counter()
-    rows = lake.load_snapshot(spark, storage, config)
-    load_s = time.perf_counter() - start
-    start = time.perf_counter()
-    pipeline.run()
-    first_s = time.perf_counter() - start
-    progress(f"snapshot {rows} loaded in {load_s:.1f} s, first run {first_s:.1f} s")
-    out: dict[str, Any] = {
-        "rows": rows,
-        "load_s": round(load_s, 1),
-        "first_run_s": round(first_s, 1),
-        "kinds": {},
-    }
-    for kind in KINDS:
-        runs = []
-        for number in range(repeat):
-            what = lake.change(kind, number)
-            load_before = _load()
-            reset_peak_rss(spark)
-            start = time.perf_counter()
-            report = pipeline.run()
-            seconds = time.perf_counter() - start - report.seconds.get("ingest", 0.0)
-            found = pipeline.verify()
-            runs.append(
-                {
-                    "change": what,
-                    "run_s": round(seconds, 2),
-                    "affected_keys": report.steps.get("resolve", {}).get("affected_keys"),
-                    "plan": report.steps.get("plan", {}).get("path"),
-                    "estimated_affected_rows": report.steps.get("plan", {}).get("estimated_affected_rows"),
-                    "spark_jobs": sum(n for step, n in report.spark_jobs.items() if step != "ingest"),
-                    "steps_s": {k: round(v, 2) for k, v in report.seconds.items()},
-                    "verify_ok": found.ok,
-                    "load_before": load_before,
-                    "peak_driver_rss_mb": peak_driver_rss_mb(spark),
-                }
-            )
-            progress(
-                f"{kind} {what}: {runs[-1]['run_s']} s, {runs[-1]['affected_keys']} keys, verify {found.ok}"
-            )
-            if not found.ok:
-                raise SystemExit(f"verify failed after {kind} {what}: {found.summary()}")
-        full = spark_full_refresh(storage, config)
-        progress(f"{kind}: full-refresh job {full:.1f} s")
-        out["kinds"][kind] = {
-            "runs": runs,
-            "median_run_s": statistics.median(r["run_s"] for r in runs),
-            "median_affected_keys": statistics.median(r["affected_keys"] or 0 for r in runs),
-            "full_refresh_s": round(full, 2),
-        }
-    return out
+    """Load the chain's lake at ``scale`` under ``work``, then ``repeat`` batches of each kind."""
+    lake = ChainLake(work / f"chain_sf{scale:g}", scale, work / "tpch")
+    return shapes.measure(spark, storage, lake, repeat, progress)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--scale", type=float, default=1.0)
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--storage", choices=["delta-rs", "delta-spark"], default="delta-rs")
-    parser.add_argument(
-        "--work", type=Path, default=None, help="folder for the lake (default: a temp folder)"
-    )
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args(argv)
-    from cdc_join.session import get_spark
-    from cdc_join.storage import get_storage
-
-    work = args.work or Path(tempfile.mkdtemp(prefix="cdc_join_chain_"))
-    spark = get_spark(
-        "cdc_join-chain-benchmark",
-        {"spark.driver.memory": "8g", "spark.driver.maxResultSize": "6g"},
-        storage=args.storage,
-    )
-    storage = get_storage(spark, args.storage)
-    measured = bench(spark, storage, args.scale, args.repeat, work, lambda line: print(line, flush=True))
-    result = {"machine": machine(), "storage": args.storage, "scale": args.scale, **measured}
-    args.out.write_text(json.dumps(result, indent=1, default=str) + "\n")
-    return 0
+    return shapes.main(ChainLake, __doc__ or "", argv)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from benchmarks import chain
+from benchmarks import chain, nested
 from benchmarks.run import bench_scale
 from cdc_join.config import load_config
 from cdc_join.maintenance import optimize_pipeline
@@ -71,3 +71,17 @@ def test_the_chain_benchmark_runs_end_to_end_and_verifies_every_run(tmp_path, sp
     assert all(run["verify_ok"] for run in runs.values()), lines
     assert runs["region_rename"]["affected_keys"] > runs["nation_rename"]["affected_keys"] > 0
     assert 0 < runs["customer_move"]["affected_keys"] <= 30
+
+
+@pytest.mark.deep
+def test_the_nested_benchmark_runs_end_to_end_and_verifies_every_run(tmp_path, spark, storage):
+    lines: list[str] = []
+    result = nested.bench(spark, storage, 0.001, 1, tmp_path, lines.append)
+    assert result["rows"] == {"customer": 150, "orders": 1500}
+    runs = {kind: found["runs"][0] for kind, found in result["kinds"].items()}
+    assert all(run["verify_ok"] for run in runs.values()), lines
+    assert runs["customer_rename"]["affected_keys"] == 1
+    assert 1 <= runs["order_move"]["affected_keys"] <= 2  # the order's old and new customer
+    # all 1,500 orders change: every customer with orders (TPC-H: two in three, plus the one the
+    # moved order may have gone to), and no other
+    assert runs["orders_1500"]["affected_keys"] in (100, 101), lines
