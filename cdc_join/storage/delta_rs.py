@@ -105,6 +105,7 @@ from cdc_join.storage.base import (
     is_table_name,
     lost_create,
     normalize_history_entry,
+    rows_matching,
 )
 from cdc_join.storage.stats import int_or_none, stat_upper_bound
 
@@ -730,9 +731,7 @@ class DeltaRsStorage:
         if "deletionVectors" in (dt.protocol().reader_features or []):
             return None
         with _delta_errors("read", path):
-            dataset = self._dataset(path, version, files)
-            wanted = pa.array([v for v in values if v is not None], dataset.schema.field(column).type)
-            return dataset.to_table(filter=pc.field(column).isin(wanted))
+            return rows_matching(self._dataset(path, version, files), column, values)
 
     def _dataset(self, path: str, version: int | None, files: Sequence[str] | None) -> pa.dataset.Dataset:
         """The snapshot's data files (or ``files`` of them) as a pyarrow dataset.

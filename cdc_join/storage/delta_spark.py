@@ -85,7 +85,6 @@ from typing import Any
 from urllib.parse import unquote
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
@@ -110,6 +109,7 @@ from cdc_join.storage.base import (
     lost_create,
     normalize_history_entry,
     quote_table_name,
+    rows_matching,
 )
 from cdc_join.storage.stats import (
     basename,
@@ -1022,8 +1022,7 @@ class DeltaSparkStorage:
         if dataset is None:
             return None
         with _spark_errors("read", path):
-            wanted = pa.array([v for v in values if v is not None], dataset.schema.field(column).type)
-            return dataset.to_table(filter=pc.field(column).isin(wanted))
+            return rows_matching(dataset, column, values)
 
     def _dataset(self, path: str, version: int | None, files: Sequence[str] | None) -> Any:
         """A local table's snapshot (or ``files`` of it) as a pyarrow dataset of its parquet
