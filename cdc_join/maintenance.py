@@ -14,10 +14,15 @@ Runs only ever append to the state and subscription tables (merge-on-read), so o
 
 The policy, per table, from its file statistics (no data is read to decide):
 
-- a subscription table is compacted in fk order, a state table in key order, when its
-  *overlap* — how many files' ranges of the first key column cover a value, on average over
-  the files' own minimums — exceeds :data:`MAX_OVERLAP`, or when it has more than
-  :data:`MAX_SMALL_FILES` small files (smaller than a quarter of its target file size);
+- a subscription table is compacted in fk order, a state table in key order, once the files
+  outside its key order (:func:`loose`: what runs appended since the last compaction, as far as
+  the statistics tell) hold :data:`MAX_LOOSE_SHARE` of its bytes, or number more than
+  :data:`MAX_LOOSE_FILES`. Each keyed read may open every loose file and reads their superseded
+  rows, so their bytes are what a compaction saves every later run; a compaction rewrites the
+  whole table, so waiting until they are a share of it keeps its cost a fixed fraction of the
+  runs' appends at any table size. (An earlier rule, "ranges overlap more than 4 deep", fired
+  after 2–4 runs whatever the appends weighed: at SF 1 of the benchmark the maintenance then
+  cost more than the runs, benchmarks/CHANGELOG.md, 2026-11-28);
 - silver is compacted (Delta OPTIMIZE) when it has more than :data:`MAX_SMALL_FILES` small files;
 - so are the tables every run appends a small file to, which would otherwise grow by a file per
   run for the life of the pipeline: bronze, the run log, the ingest log, the quarantine and the
@@ -46,9 +51,11 @@ from cdc_join.config import PipelineConfig
 from cdc_join.runlog import last_checkpoint
 from cdc_join.storage import FileStats, Storage
 
-#: Compact a table when its key ranges overlap more than this on average.
-MAX_OVERLAP = 4.0
-#: Compact a table with more than this many small files.
+#: Compact a state or subscription table once its loose files hold this share of its bytes ...
+MAX_LOOSE_SHARE = 0.1
+#: ... or once it has more than this many loose files.
+MAX_LOOSE_FILES = 64
+#: Compact any other table with more than this many small files.
 MAX_SMALL_FILES = 16
 
 
@@ -61,6 +68,8 @@ class TableHealth:
     small_files: int
     overlap: float | None
     action: str | None
+    loose_files: int | None = None
+    loose_share: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -68,6 +77,8 @@ class TableHealth:
             "files": self.files,
             "small_files": self.small_files,
             "overlap": None if self.overlap is None else round(self.overlap, 2),
+            "loose_files": self.loose_files,
+            "loose_share": None if self.loose_share is None else round(self.loose_share, 3),
             "action": self.action,
         }
 
@@ -100,15 +111,54 @@ def overlap(files: list[FileStats], column: str) -> float | None:
     return sum(depth) / len(depth)
 
 
+def loose(files: list[FileStats], column: str) -> list[FileStats] | None:
+    """The files outside the table's key order: all but the heaviest set (by bytes) of files
+    whose ranges of ``column`` do not overlap (ends may touch), and every file without a range.
+    ``None`` when the values do not compare.
+
+    A compaction writes files in ``column`` order, which leaves no loose file; each run's
+    append then adds files spanning the keys it changed, which are loose.
+    """
+    ranged = [
+        f for f in files if f.min_values.get(column) is not None and f.max_values.get(column) is not None
+    ]
+    try:
+        ranged.sort(key=lambda f: f.max_values[column])
+        highs = [f.max_values[column] for f in ranged]
+        # Weighted interval scheduling: best[i] is the heaviest disjoint set among the first i.
+        best = [0] * (len(ranged) + 1)
+        for i, f in enumerate(ranged, 1):
+            before = bisect.bisect_right(highs, f.min_values[column], 0, i - 1)
+            best[i] = max(best[i - 1], f.size_bytes + best[before])
+    except TypeError:
+        return None
+    kept: set[int] = set()
+    i = len(ranged)
+    while i > 0:
+        f = ranged[i - 1]
+        before = bisect.bisect_right(highs, f.min_values[column], 0, i - 1)
+        if f.size_bytes + best[before] >= best[i - 1]:
+            kept.add(id(f))
+            i = before
+        else:
+            i -= 1
+    return [f for f in files if id(f) not in kept]
+
+
 def inspect(storage: Storage, path: str, target_size: int, cluster_by: list[str] | None) -> TableHealth:
     """Apply the policy to one table: which action, if any, is due."""
     files = storage.files(path)
     small = sum(1 for f in files if f.size_bytes < target_size // 4)
-    depth = overlap(files, cluster_by[0]) if cluster_by else None
-    action = None
-    if (cluster_by and depth is not None and depth > MAX_OVERLAP) or small > MAX_SMALL_FILES:
-        action = "compact"
-    return TableHealth(path, len(files), small, depth, action)
+    if not cluster_by:
+        return TableHealth(path, len(files), small, None, "compact" if small > MAX_SMALL_FILES else None)
+    depth = overlap(files, cluster_by[0])
+    outside = loose(files, cluster_by[0])
+    if outside is None:  # no order to keep: small files alone decide
+        return TableHealth(path, len(files), small, depth, "compact" if small > MAX_SMALL_FILES else None)
+    total = sum(f.size_bytes for f in files)
+    share = sum(f.size_bytes for f in outside) / total if total else 0.0
+    due = share >= MAX_LOOSE_SHARE or len(outside) > MAX_LOOSE_FILES
+    return TableHealth(path, len(files), small, depth, "compact" if due else None, len(outside), share)
 
 
 def pipeline_tables(config: PipelineConfig) -> list[tuple[str, str, list[str] | None]]:
@@ -154,6 +204,7 @@ def optimize_pipeline(
             entry.update(
                 files_after=after.files,
                 overlap_after=None if after.overlap is None else round(after.overlap, 2),
+                loose_share_after=None if after.loose_share is None else round(after.loose_share, 3),
             )
         done.append(entry)
     return done
@@ -177,12 +228,12 @@ def summary(results: list[Mapping[str, Any]]) -> str:
     lines = []
     for r in results:
         shown = f"{r['path']}: {r['files']} files ({r['small_files']} small)"
-        if r.get("overlap") is not None:
-            shown += f", key overlap {r['overlap']}"
+        if r.get("loose_share") is not None:
+            shown += f", {r['loose_files']} outside key order ({r['loose_share']:.0%} of the bytes)"
         if r.get("action"):
             shown += f" → {r['action']}: {r.get('files_after')} files"
-            if r.get("overlap_after") is not None:
-                shown += f", key overlap {r['overlap_after']}"
+            if r.get("loose_share_after") is not None:
+                shown += f", {r['loose_share_after']:.0%} outside key order"
         else:
             shown += " → nothing to do"
         lines.append(shown)
