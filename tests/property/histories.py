@@ -61,16 +61,21 @@ def run_with_crashes(
     plans: Sequence[str],
     run_crashes: Sequence[str],
     refresh_crashes: Sequence[str],
+    odds: tuple[float, float, float] = (0.3, 0.45, 0.1),
 ) -> None:
-    """One completed run (sometimes a full refresh), after a killed run or refresh sometimes."""
+    """One completed run (sometimes a full refresh), after a killed run or refresh sometimes.
+
+    ``odds``: a roll below the first kills a run, below the second (instead) a full refresh; a
+    second roll below the third makes the completed one a full refresh."""
+    killed_run, killed_refresh, refresh = odds
     roll = rng.random()
-    if roll < 0.3:
+    if roll < killed_run:
         with contextlib.suppress(SimulatedCrash):
             pipeline.run(crash_after=rng.choice(run_crashes), plan=rng.choice(plans))
-    elif roll < 0.45:
+    elif roll < killed_refresh:
         with contextlib.suppress(SimulatedCrash):
             pipeline.full_refresh(crash_after=rng.choice(refresh_crashes))
-    if rng.random() < 0.1:
+    if rng.random() < refresh:
         pipeline.full_refresh()
     else:
         pipeline.run(plan=rng.choice(plans))

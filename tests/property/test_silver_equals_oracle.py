@@ -33,7 +33,6 @@ with shrinking.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import random
@@ -46,8 +45,8 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 
-from cdc_join.report import SimulatedCrash
 from cdc_join.state import current_rows as current_rows_of
+from tests.property.histories import run_with_crashes
 from tests.support import SEQUENCE_BY_LSN, make_pipeline, subscriptions
 
 TABLES = {
@@ -383,7 +382,7 @@ def test_silver_equals_oracle_after_every_completed_run(
         if number >= widen_batch:
             writer.tables["rhs2"]["w"] = "int64"
         delivered += _land(writer, now, rng, rule)
-        _run_with_crashes(pipeline, rng, PLANS[plans])
+        run_with_crashes(pipeline, rng, PLANS[plans], RUN_CRASHES, REFRESH_CRASHES, odds=(0.25, 0.4, 0.15))
         untyped = _untyped_array(pipeline)  # what --hypothesis-show-statistics counts
         event("lhs.ar without an element type" if untyped else "lhs.ar typed or absent")
         if untyped_before and not untyped:
@@ -504,18 +503,3 @@ def _position(event: dict, rule: str, lsn: int, kind: str) -> tuple[int, ...]:
         schema["fields"] = [f for f in schema["fields"] if f["field"] != "lsn" or rule != "mysql"] + extra
         schema["name"] = f"io.debezium.connector.{rule}.Source"
     return rank
-
-
-def _run_with_crashes(pipeline, rng: random.Random, plans: list[str]) -> None:
-    """One completed run (sometimes a full refresh), after a killed run or refresh sometimes."""
-    roll = rng.random()
-    if roll < 0.25:
-        with contextlib.suppress(SimulatedCrash):
-            pipeline.run(crash_after=rng.choice(RUN_CRASHES), plan=rng.choice(plans))
-    elif roll < 0.4:
-        with contextlib.suppress(SimulatedCrash):
-            pipeline.full_refresh(crash_after=rng.choice(REFRESH_CRASHES))
-    if rng.random() < 0.15:
-        pipeline.full_refresh()
-    else:
-        pipeline.run(plan=rng.choice(plans))
