@@ -31,7 +31,7 @@ def full_refresh_path(config: PipelineConfig) -> str:
     return config.silver_path.rsplit("/", 1)[0] + f"/{FULL_OUTPUT}"
 
 
-def _latest(bronze: DataFrame, key: str) -> DataFrame:
+def latest(bronze: DataFrame, key: str) -> DataFrame:
     """Current rows of a source: the newest event per key by ``_seq``; deletes drop the row."""
     newest = (
         bronze.filter(F.col("_op") != "t")
@@ -43,7 +43,7 @@ def _latest(bronze: DataFrame, key: str) -> DataFrame:
 
 def spark_full_join(storage: Storage, config: PipelineConfig) -> DataFrame:
     """The join of the sources' current rows, computed from bronze with Spark."""
-    rows = {t: _latest(storage.read(config.bronze_path(t)), KEYS[t]).alias(t) for t in KEYS}
+    rows = {t: latest(storage.read(config.bronze_path(t)), KEYS[t]).alias(t) for t in KEYS}
     joined = (
         rows["orders"]
         .join(rows["customer"], F.col("orders.o_custkey") == F.col("customer.c_custkey"), "inner")

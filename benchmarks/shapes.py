@@ -23,8 +23,8 @@ from typing import Any, ClassVar
 import pyarrow as pa
 import yaml
 from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
 
+from benchmarks.baseline import latest
 from benchmarks.run import _load, machine, peak_driver_rss_mb, reset_peak_rss
 from benchmarks.workload import _append_bronze, _row
 
@@ -112,12 +112,7 @@ class Lake:
 
     def latest(self, storage: Any, config: Any, table: str) -> DataFrame:
         """The current rows of ``table`` from bronze: the newest event per key, deletes dropped."""
-        key = self.keys[table]
-        bronze = storage.read(config.bronze_path(table)).filter(F.col("_op") != "t")
-        newest = bronze.groupBy(F.coalesce(F.col(f"_after.{key}"), F.col(f"_before.{key}")).alias("_k")).agg(
-            F.max_by(F.struct("_op", "_after"), F.col("_seq")).alias("_n")
-        )
-        return newest.filter(F.col("_n._op") != "d").select("_n._after.*").alias(table)
+        return latest(storage.read(config.bronze_path(table)), self.keys[table]).alias(table)
 
 
 def timed_full_refresh(lake: Lake, storage: Any, config: Any) -> float:
