@@ -55,6 +55,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
@@ -214,15 +216,59 @@ class Storage(Protocol):
 
 def rows_matching(dataset: Any, column: str, values: Sequence[Any]) -> pa.Table:
     """The rows of a pyarrow dataset whose ``column`` equals one of ``values`` (a null matches
-    nothing), scanned one file and one batch ahead.
+    nothing), streamed from each file in batches of :data:`KEYED_BATCH_ROWS` rows.
 
-    Arrow's default readahead (4 files, 16 batches each) holds many decoded row groups at once:
-    a keyed read of 6,000 orders from a 15 M-row state table (7 files of 128 MB) peaked at
-    4.2–4.6 GB of driver memory and took 4.2–6.1 s; one ahead, 1.6–1.7 GB and 1.9–2.7 s, for
-    the same rows (benchmarks/CHANGELOG.md, 2026-11-28).
+    Arrow's dataset scanner decodes a whole row group before it filters (Spark writes 128 MB
+    files of one or two row groups): a keyed read of 6,000 orders from a 15 M-row state table
+    peaked at 4.2–4.6 GB of driver memory with Arrow's default readahead and 1.6 GB scanning
+    one file and one batch ahead. Streamed, it peaks at ~0.3 GB and takes 2.0–2.6 s instead of
+    3.5–4.7 s (benchmarks/CHANGELOG.md, 2026-11-28). A file the stream cannot read as the
+    dataset's schema (a partition, a type Arrow cannot cast to the table's) is scanned as before.
     """
     wanted = pa.array([v for v in values if v is not None], dataset.schema.field(column).type)
-    return dataset.to_table(filter=pc.field(column).isin(wanted), fragment_readahead=1, batch_readahead=1)
+    batches: list[pa.RecordBatch] = []
+    for fragment in dataset.get_fragments():
+        try:
+            batches.extend(list(_streamed_matches(dataset, fragment, column, wanted)))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, KeyError):
+            batches.extend(_scanned(dataset, fragment, column, wanted).to_batches())
+    return pa.Table.from_batches(batches, schema=dataset.schema)
+
+
+def _scanned(dataset: Any, fragment: Any, column: str, wanted: pa.Array) -> pa.Table:
+    """The matching rows of one fragment, by Arrow's dataset scanner."""
+    one = ds.FileSystemDataset([fragment], dataset.schema, dataset.format, dataset.filesystem)
+    return one.to_table(filter=pc.field(column).isin(wanted), batch_readahead=1)
+
+
+#: Rows per batch of a streamed keyed read (:func:`rows_matching`): 32,768 rows of a wide
+#: state table are a few MB; 8,192 saved little memory and cost a fifth more time.
+KEYED_BATCH_ROWS = 32_768
+
+
+def _streamed_matches(dataset: Any, fragment: Any, column: str, wanted: pa.Array) -> Any:
+    """The matching rows of one parquet file, batch by batch, as the dataset's schema (columns
+    the file lacks are null, ``from_arrays`` casts the others to the schema's types, or raises
+    where Arrow cannot); raises ``KeyError`` for a fragment of a partition."""
+    if not fragment.partition_expression.equals(pc.scalar(True)):
+        raise KeyError(fragment.path)
+    options = getattr(dataset.format, "read_options", None)
+    unit = getattr(options, "coerce_int96_timestamp_unit", None) or "ns"
+    schema = dataset.schema
+    with dataset.filesystem.open_input_file(fragment.path) as source:
+        parquet = pq.ParquetFile(
+            source, pre_buffer=False, buffer_size=1 << 20, coerce_int96_timestamp_unit=unit
+        )
+        present = [name for name in schema.names if name in parquet.schema_arrow.names]
+        for batch in parquet.iter_batches(batch_size=KEYED_BATCH_ROWS, columns=present):
+            arrays = [
+                batch.column(f.name) if f.name in present else pa.nulls(batch.num_rows, f.type)
+                for f in schema
+            ]
+            rows = pa.RecordBatch.from_arrays(arrays, schema=schema)
+            keep = pc.is_in(rows.column(column), value_set=wanted)
+            if pc.any(keep).as_py():
+                yield rows.filter(keep)
 
 
 def normalize_history_entry(entry: Mapping[str, Any]) -> dict[str, Any]:
