@@ -31,8 +31,9 @@ they affect; the recompute spends more per left row (its scan of the left state)
 affected row (no lookups, no stale check, rows built in Spark). Measured, the recompute costs
 about ``a + c × left rows − d × affected`` more than an incremental run, so it wins once
 ``affected ≥ a / d + c / d × left rows``: a fixed number of rows (its extra fixed cost, in
-affected rows) plus a share of the table. Both are fitted from the TPC-H benchmark
-(``benchmarks/README.md``, "The cost rule"). ``Pipeline.run(plan=...)`` / ``cdc-join run
+affected rows) plus a share of the table. Both are fitted per storage backend from the TPC-H
+benchmark (:data:`FITS`; ``benchmarks/README.md``, "The cost rule"), and the run report's plan
+step names the fit it used. ``Pipeline.run(plan=...)`` / ``cdc-join run
 --plan`` override the rule.
 """
 
@@ -48,17 +49,39 @@ from cdc_join.storage import Storage
 
 #: What a run may be told to do: let the rule decide, or force either plan.
 PLANS = ("auto", "incremental", "recompute")
-#: Recompute when the estimated affected left rows reach RECOMPUTE_FIXED_ROWS plus this share
-#: of the left state's rows. Fitted from the TPC-H benchmark (benchmarks/README.md, "The cost
-#: rule"; 2 cores, delta-rs, 2026-11-25, both plans forced on the same workloads): at 150,000
-#: orders the two cost the same for 6,000 and for 58,000 affected rows (3.7 and 9.5 s); at 1.5 M
-#: the recompute costs 2.6 s more for 5,800 (7.8 against 5.2 s) and 2.5 s more for 60,000, and
-#: 1.9 s less for 571,000 (35.1 against 37.0 s). Least squares: the recompute costs 0.07 s +
-#: 1.8 µs per left row − 8.1 µs per affected row more, so it wins from 8,500 rows plus 22% of
-#: the left rows on.
-RECOMPUTE_SHARE = 0.22
-#: ... plus this many rows: what a recompute's extra fixed cost buys an incremental run.
-RECOMPUTE_FIXED_ROWS = 8_500
+
+
+@dataclass(frozen=True)
+class Fit:
+    """The threshold's two terms for one storage backend, fitted from the TPC-H benchmark with
+    both plans forced on the same batches (benchmarks/README.md, "The cost rule")."""
+
+    #: The threshold's fixed part: what a recompute's extra fixed cost buys an incremental run.
+    fixed_rows: int
+    #: ... plus this share of the left state's rows.
+    share: float
+
+
+#: Per backend (``Storage.name``). delta-rs (2 cores, 2026-11-25): at 150,000 orders the two
+#: plans cost the same for 6,000 and for 58,000 affected rows (3.7 and 9.5 s); at 1.5 M the
+#: recompute costs 2.6 s more for 5,800 (7.8 against 5.2 s) and 2.5 s more for 60,000, and 1.9 s
+#: less for 571,000 (35.1 against 37.0 s). Least squares: the recompute costs 0.07 s + 1.8 µs per
+#: left row − 8.1 µs per affected row more, so it wins from 8,500 rows plus 22% of the left rows
+#: on. delta-spark (2 cores, 2026-11-28, medians of 2 batches, the same five workloads): the
+#: recompute costs 1.7 and 0.4 s more than an incremental run for 6,000 and 58,000 affected rows
+#: at 150,000 orders (10.1 against 8.5 s, 15.6 against 15.1 s), 1.3 and 1.1 s more for 5,800 and
+#: 60,000 at 1.5 M (13.4 against 12.2 s, 18.9 against 17.8 s), and 0.4 s less for 571,000 (46.7
+#: against 47.1 s): 1.1 s + 0.13 µs per left row − 3.1 µs per affected row more, so it wins from
+#: 365,000 rows plus 4% of the left rows on. Spark's scan of the left state costs little; what
+#: a recompute saves per row costs little on delta-spark too (no copy-on-write), so its ~20
+#: more Spark jobs take a third of a 1.5 M-row table to repay.
+FITS: Mapping[str, Fit] = {
+    "delta-rs": Fit(fixed_rows=8_500, share=0.22),
+    "delta-spark": Fit(fixed_rows=365_000, share=0.04),
+}
+#: The delta-rs fit's terms, the defaults of :func:`choose_plan`.
+RECOMPUTE_SHARE = FITS["delta-rs"].share
+RECOMPUTE_FIXED_ROWS = FITS["delta-rs"].fixed_rows
 #: ... and the left state has at least this many rows.
 RECOMPUTE_MIN_ROWS = 10_000
 
@@ -76,6 +99,8 @@ class PlanDecision:
     estimated_affected_rows: int | None
     share: float = RECOMPUTE_SHARE
     fixed_rows: int = RECOMPUTE_FIXED_ROWS
+    #: The backend whose fit gave ``share`` and ``fixed_rows``.
+    fit: str = "delta-rs"
 
     @property
     def threshold_rows(self) -> int:
@@ -93,6 +118,7 @@ class PlanDecision:
             "fanout": {k: round(v, 2) for k, v in self.fanout.items()},
             "estimated_affected_rows": self.estimated_affected_rows,
             "threshold_rows": self.threshold_rows,
+            "fit": self.fit,
         }
 
 
@@ -115,6 +141,7 @@ def choose_plan(
     min_rows: int = RECOMPUTE_MIN_ROWS,
     fixed_rows: int = RECOMPUTE_FIXED_ROWS,
     chain: Mapping[str, str | None] | None = None,
+    fit: str = "delta-rs",
 ) -> PlanDecision:
     """Apply the rule of this module's docstring.
 
@@ -129,40 +156,36 @@ def choose_plan(
         min_rows: below this many left rows the run stays incremental.
         fixed_rows: the threshold's fixed part, in rows.
         chain: per join alias (in config order), the alias it hangs off (``None``: the left).
+        fit: the backend whose fit ``share`` and ``fixed_rows`` are (named in the reason).
     """
     fanout = {
         alias: subscription_rows.get(alias, 0) / right_rows[alias] if right_rows.get(alias) else 0.0
         for alias in changed_right_keys
     }
 
-    def decision(
-        recompute: bool, reason: str, changed_left: int | None, estimate: int | None
-    ) -> PlanDecision:
-        return PlanDecision(
-            recompute,
-            reason,
-            left_rows,
-            changed_left,
-            dict(changed_right_keys),
-            fanout,
-            estimate,
-            share,
-            fixed_rows,
-        )
-
+    decided = PlanDecision(
+        False,
+        "",
+        left_rows,
+        changed_left_keys,
+        dict(changed_right_keys),
+        fanout,
+        None,
+        share,
+        fixed_rows,
+        fit,
+    )
     if left_rows < min_rows:
-        return decision(
-            False, f"left state has {left_rows} rows, fewer than {min_rows}", changed_left_keys, None
-        )
+        return dataclasses.replace(decided, reason=f"left state has {left_rows} rows, fewer than {min_rows}")
     if first_run or changed_left_keys is None:
-        return decision(True, "first run", None, None)
+        return dataclasses.replace(decided, recompute=True, reason="first run", changed_left_keys=None)
     estimate = changed_left_keys + _reached(changed_right_keys, fanout, chain or {})
     threshold = threshold_rows(left_rows, share, fixed_rows)
     recompute = estimate >= threshold
     sign = ">=" if recompute else "<"
-    parts = f"{fixed_rows} + {share:g} × {left_rows} left rows"
+    parts = f"{fixed_rows} + {share:g} × {left_rows} left rows, the {fit} fit"
     reason = f"estimated affected rows {estimate} {sign} {threshold} ({parts})"
-    return decision(recompute, reason, changed_left_keys, estimate)
+    return dataclasses.replace(decided, recompute=recompute, reason=reason, estimated_affected_rows=estimate)
 
 
 def _reached(
@@ -184,7 +207,9 @@ def decide(
     first_run: bool = False,
 ) -> PlanDecision:
     """The rule's decision for a run whose sources have ``changed`` keys, from file statistics
-    only; ``plan`` other than ``auto`` overrides it (the reason says so)."""
+    only, with the fit of ``storage``'s backend (delta-rs's for another backend); ``plan`` other
+    than ``auto`` overrides it (the reason says so)."""
+    fit = storage.name if storage.name in FITS else "delta-rs"
     decision = choose_plan(
         first_run=first_run,
         left_rows=_rows(storage, config.state_path(config.left)),
@@ -193,6 +218,9 @@ def decide(
         subscription_rows={j.alias: _rows(storage, config.subscription_path(j)) for j in config.joins},
         right_rows={j.alias: _rows(storage, config.state_path(j.right)) for j in config.joins},
         chain={j.alias: None if j.source == config.left else j.source for j in config.joins},
+        share=FITS[fit].share,
+        fixed_rows=FITS[fit].fixed_rows,
+        fit=fit,
     )
     return forced(decision, plan, first_run)
 

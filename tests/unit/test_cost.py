@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from cdc_join.cost import RECOMPUTE_MIN_ROWS, choose_plan, forced, threshold_rows
+import pytest
+
+from cdc_join.config import parse_config
+from cdc_join.cost import FITS, RECOMPUTE_MIN_ROWS, choose_plan, decide, forced, threshold_rows
+from cdc_join.storage.base import FileStats
 
 
 def _plan(**kw):
@@ -55,7 +59,7 @@ def test_the_fixed_part_of_the_threshold_keeps_small_tables_incremental_longer()
     )
     assert plain.recompute and not fixed.recompute
     assert fixed.as_report()["threshold_rows"] == 6_000
-    assert "6000 (5000 + 0.01 × 100000 left rows)" in fixed.reason
+    assert "6000 (5000 + 0.01 × 100000 left rows, the delta-rs fit)" in fixed.reason
     assert _plan(share=0.01, fixed_rows=5_000, left_rows=100_000, changed_left_keys=6_000).recompute
 
 
@@ -100,3 +104,68 @@ def test_a_change_at_the_end_of_a_chain_counts_the_left_rows_it_reaches_through_
         chain=chain,
     )
     assert moved.estimated_affected_rows == 10
+
+
+class _Tables:
+    """A storage whose tables are row counts (by path), as their file statistics give them."""
+
+    def __init__(self, name, rows):
+        self.name = name
+        self.rows = rows
+
+    def exists(self, path):
+        return path in self.rows
+
+    def files(self, path, version=None):
+        return [FileStats(f"{path}/part-0.parquet", 1, self.rows[path], {}, {})]
+
+
+def _config():
+    raw = {
+        "name": "p",
+        "lake": "/lake",
+        "sources": {
+            "orders": {"landing": "/landing/orders", "primary_key": ["id"]},
+            "customers": {"landing": "/landing/customers", "primary_key": ["id"]},
+        },
+        "left": "orders",
+        "joins": [{"right": "customers", "foreign_key": ["customer_id"], "type": "left"}],
+        "select": {"id": "orders.id", "name": "customers.name"},
+        "output": "out",
+    }
+    return parse_config(raw, check_paths=False)
+
+
+@pytest.mark.parametrize("backend", sorted(FITS))
+def test_a_run_uses_its_backend_s_fit_and_its_report_names_it(backend):
+    config = _config()
+    alias = config.joins[0].alias
+    left = 1_000_000
+    storage = _Tables(
+        backend,
+        {
+            config.state_path("orders"): left,
+            config.state_path("customers"): 100_000,
+            config.subscription_path(config.joins[0]): left,
+        },
+    )
+    fit = FITS[backend]
+    at = fit.fixed_rows + round(fit.share * left)
+
+    below = decide(storage, config, {"orders": at - 1, "customers": 0})
+    reached = decide(storage, config, {"orders": at, "customers": 0})
+
+    assert not below.recompute and reached.recompute
+    assert below.as_report()["threshold_rows"] == at
+    assert below.as_report()["fit"] == backend
+    assert f"the {backend} fit" in below.reason
+    assert below.changed_right_keys == {alias: 0}
+
+
+def test_the_fits_differ_and_another_backend_gets_the_delta_rs_fit():
+    assert FITS["delta-spark"] != FITS["delta-rs"]
+    config = _config()
+    storage = _Tables("in-memory", {config.state_path("orders"): 1_000_000})
+    decision = decide(storage, config, {"orders": 10, "customers": 0})
+    assert decision.fit == "delta-rs"
+    assert decision.threshold_rows == threshold_rows(1_000_000)
