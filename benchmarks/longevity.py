@@ -69,6 +69,7 @@ def simulate_tpch(
         tables[f"state_{source}"] = cfg.state_path(source)
     for join in cfg.joins:
         tables[f"subscription_{join.alias}"] = cfg.subscription_path(join)
+    label = {path: name for name, path in tables.items()}  # "state_orders", not "orders"
     rows: list[dict[str, Any]] = []
     for n in range(1, runs + 1):
         wl.change_batch(fraction)
@@ -80,7 +81,7 @@ def simulate_tpch(
         row = _record(storage, tables, n, run_s, time.perf_counter() - start)
         row["ingest_s"] = round(report.seconds.get("ingest", 0.0), 3)
         row["spark_jobs"] = sum(report.spark_jobs.values())
-        row["maintained"] = [a["path"].rsplit("/", 1)[-1] for a in actions if a.get("action")]
+        row["maintained"] = [label.get(a["path"], a["path"]) for a in actions if a.get("action")]
         if n % verify_every == 0 or n == runs:
             row["verify_ok"] = pipeline.verify(samples=1).ok
             if not row["verify_ok"]:

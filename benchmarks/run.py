@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
+import gc
 import json
 import os
 import platform
@@ -71,27 +73,53 @@ def _jvm_pid(spark: Any) -> int | None:
 
 
 def reset_peak_rss(spark: Any) -> None:
-    """Start measuring peak memory afresh (Linux: ``clear_refs`` 5 resets ``VmHWM``), so the
-    peak reported after a run is the run's, not the workload generator's before it."""
+    """Start measuring peak memory afresh (Linux: ``clear_refs`` 5 resets ``VmHWM`` to the
+    current resident size), so the peak reported after a run is the run's, not the workload
+    generator's or the previous batch's DuckDB recompute before it: memory they freed is first
+    given back to the system (Arrow's pool, ``malloc_trim``), which would otherwise count as
+    held by the run (:func:`peak_driver_rss_mb` reports what was held at the reset)."""
+    gc.collect()
+    with contextlib.suppress(Exception):
+        import pyarrow as pa
+
+        pa.default_memory_pool().release_unused()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
     for pid in ("self", _jvm_pid(spark)):
         if pid is not None:
             with contextlib.suppress(OSError):
                 Path(f"/proc/{pid}/clear_refs").write_text("5")
+    _AT_RESET["python"] = round(_resident_kb() / 1024, 1)
+
+
+#: What the Python process held at the last :func:`reset_peak_rss`, in MB.
+_AT_RESET: dict[str, float] = {}
+
+
+def _resident_kb() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
 
 
 def peak_driver_rss_mb(spark: Any) -> dict[str, float | None]:
     """Peak resident memory of the driver since :func:`reset_peak_rss`: the Python process and
-    (local mode) its JVM."""
+    (local mode) its JVM; ``python_at_reset``: what the Python process held when it started."""
 
-    def hwm(pid: Any) -> float | None:
+    def status(pid: Any, field: str) -> float | None:
         with contextlib.suppress(OSError):
             for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
+                if line.startswith(f"{field}:"):
                     return round(int(line.split()[1]) / 1024, 1)
         return None
 
     jvm = _jvm_pid(spark)
-    return {"python": hwm("self"), "jvm": None if jvm is None else hwm(jvm)}
+    return {
+        "python": status("self", "VmHWM"),
+        "jvm": None if jvm is None else status(jvm, "VmHWM"),
+        "python_at_reset": _AT_RESET.get("python"),
+    }
 
 
 def _step_sum(report: Any, prefix: str, key: str) -> int:
