@@ -89,35 +89,29 @@ def reset_peak_rss(spark: Any) -> None:
         if pid is not None:
             with contextlib.suppress(OSError):
                 Path(f"/proc/{pid}/clear_refs").write_text("5")
-    _AT_RESET["python"] = round(_resident_kb() / 1024, 1)
+    _AT_RESET["python"] = _status_mb("self", "VmRSS")
 
 
 #: What the Python process held at the last :func:`reset_peak_rss`, in MB.
-_AT_RESET: dict[str, float] = {}
+_AT_RESET: dict[str, float | None] = {}
 
 
-def _resident_kb() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
+def _status_mb(pid: Any, field: str) -> float | None:
+    """A memory field of ``/proc/<pid>/status`` in MB (``None``: no such process or field)."""
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(f"{field}:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    return None
 
 
 def peak_driver_rss_mb(spark: Any) -> dict[str, float | None]:
     """Peak resident memory of the driver since :func:`reset_peak_rss`: the Python process and
     (local mode) its JVM; ``python_at_reset``: what the Python process held when it started."""
-
-    def status(pid: Any, field: str) -> float | None:
-        with contextlib.suppress(OSError):
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith(f"{field}:"):
-                    return round(int(line.split()[1]) / 1024, 1)
-        return None
-
     jvm = _jvm_pid(spark)
     return {
-        "python": status("self", "VmHWM"),
-        "jvm": None if jvm is None else status(jvm, "VmHWM"),
+        "python": _status_mb("self", "VmHWM"),
+        "jvm": None if jvm is None else _status_mb(jvm, "VmHWM"),
         "python_at_reset": _AT_RESET.get("python"),
     }
 

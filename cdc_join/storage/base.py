@@ -228,10 +228,13 @@ def rows_matching(dataset: Any, column: str, values: Sequence[Any]) -> pa.Table:
     wanted = pa.array([v for v in values if v is not None], dataset.schema.field(column).type)
     batches: list[pa.RecordBatch] = []
     for fragment in dataset.get_fragments():
-        try:
-            batches.extend(list(_streamed_matches(dataset, fragment, column, wanted)))
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, KeyError):
-            batches.extend(_scanned(dataset, fragment, column, wanted).to_batches())
+        if fragment.partition_expression.equals(pc.scalar(True)):  # no partition value to add
+            try:
+                batches.extend(list(_streamed_matches(dataset, fragment, column, wanted)))
+                continue
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+                pass  # a type Arrow cannot cast to the table's: the scanner reads the file
+        batches.extend(_scanned(dataset, fragment, column, wanted).to_batches())
     return pa.Table.from_batches(batches, schema=dataset.schema)
 
 
@@ -249,9 +252,7 @@ KEYED_BATCH_ROWS = 32_768
 def _streamed_matches(dataset: Any, fragment: Any, column: str, wanted: pa.Array) -> Any:
     """The matching rows of one parquet file, batch by batch, as the dataset's schema (columns
     the file lacks are null, ``from_arrays`` casts the others to the schema's types, or raises
-    where Arrow cannot); raises ``KeyError`` for a fragment of a partition."""
-    if not fragment.partition_expression.equals(pc.scalar(True)):
-        raise KeyError(fragment.path)
+    where Arrow cannot)."""
     options = getattr(dataset.format, "read_options", None)
     unit = getattr(options, "coerce_int96_timestamp_unit", None) or "ns"
     schema = dataset.schema
