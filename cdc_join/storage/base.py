@@ -146,6 +146,8 @@ class FileStats:
     min_values: Mapping[str, Any]
     max_values: Mapping[str, Any]
     null_counts: Mapping[str, Any] = field(default_factory=dict)
+    #: Rows of the file a deletion vector removes (not counted in ``num_records``).
+    deleted_rows: int = 0
 
 
 @runtime_checkable
@@ -208,7 +210,12 @@ class Storage(Protocol):
     def evolve(self, path: str, schema: StructType) -> bool: ...
 
     def optimize(
-        self, path: str, zorder_by: Sequence[str] | None = None, target_size: int | None = None
+        self,
+        path: str,
+        zorder_by: Sequence[str] | None = None,
+        target_size: int | None = None,
+        *,
+        purge: bool = False,
     ) -> WriteMetrics: ...
 
     def history(self, path: str, limit: int | None = None) -> list[dict[str, Any]]: ...

@@ -1034,9 +1034,17 @@ class DeltaRsStorage:
         return True
 
     def optimize(
-        self, path: str, zorder_by: Sequence[str] | None = None, target_size: int | None = None
+        self,
+        path: str,
+        zorder_by: Sequence[str] | None = None,
+        target_size: int | None = None,
+        *,
+        purge: bool = False,
     ) -> WriteMetrics:
-        """Z-order by ``zorder_by`` when given, else compact small files (no data change)."""
+        """Z-order by ``zorder_by`` when given, else compact small files (no data change).
+
+        ``purge`` changes nothing here: delta-rs writes no deletion vectors, and its compaction
+        rewrites a file it selects without the rows a vector removes."""
         dt = self._load_for_write(path)
         before_version, before = dt.version(), self._file_records(dt, path)
         with _delta_errors("optimize", path):

@@ -843,20 +843,32 @@ class DeltaSparkStorage:
         return True
 
     def optimize(
-        self, path: str, zorder_by: Sequence[str] | None = None, target_size: int | None = None
+        self,
+        path: str,
+        zorder_by: Sequence[str] | None = None,
+        target_size: int | None = None,
+        *,
+        purge: bool = False,
     ) -> WriteMetrics:
         """Z-order by ``zorder_by`` when given, else compact small files (no data change).
 
+        With ``purge``, ``REORG TABLE … APPLY (PURGE)`` instead: every file with a deletion
+        vector is rewritten without the rows it removes, whatever its size (OPTIMIZE leaves a
+        file alone that fills a bin by itself, however many of its rows are deleted).
         ``target_size`` is ``spark.databricks.delta.optimize.maxFileSize`` for this command only:
         the session's setting is put back afterwards (:func:`_session_confs`).
         """
         if not self.exists(path):
             raise StorageError(f"No Delta table at {path}")
+        if purge and zorder_by:
+            raise ValueError("optimize: purge and zorder_by are exclusive")
         before = self.version(path)
         order = "" if not zorder_by else " ZORDER BY (" + ", ".join(quote(c) for c in zorder_by) + ")"
         size = {} if target_size is None else {_OPTIMIZE_MAX_FILE_SIZE: str(int(target_size))}
-        with _spark_errors("optimize", path), _session_confs(self.spark, size):
-            row = self.spark.sql(f"OPTIMIZE {self._sql_ref(path)}{order}").head()
+        ref = self._sql_ref(path)
+        sql = f"REORG TABLE {ref} APPLY (PURGE)" if purge else f"OPTIMIZE {ref}{order}"
+        with _spark_errors("purge" if purge else "optimize", path), _session_confs(self.spark, size):
+            row = self.spark.sql(sql).head()
         self._forget(path)
         stats = (
             row["metrics"].asDict(recursive=True) if row is not None and row["metrics"] is not None else {}
@@ -868,7 +880,10 @@ class DeltaSparkStorage:
             files_removed=int_or_none(stats.get("numFilesRemoved")) if version != before else 0,
             files_scanned=int_or_none(stats.get("totalConsideredFiles")),
             files_skipped=int_or_none(stats.get("totalFilesSkipped")),
-            extra={"operation": "OPTIMIZE" if version != before else None, "optimize": stats},
+            extra={
+                "operation": ("REORG" if purge else "OPTIMIZE") if version != before else None,
+                "optimize": stats,
+            },
         )
 
     # ------------------------------------------------------------------ guarded commits

@@ -193,6 +193,7 @@ def file_stats_from_values(
         min_values=min_values,
         max_values=max_values,
         null_counts=null_counts,
+        deleted_rows=int(dv_cardinality or 0),
     )
 
 

@@ -735,6 +735,26 @@ def test_optimize_compacts(store, spark, tmp_path):
     assert rows(store.read(path), "id") == [{"id": 1, "seq": 1, "v": "a"}, {"id": 2, "seq": 1, "v": "b"}]
 
 
+def test_optimize_purge_rewrites_the_rows_deletion_vectors_hide(store, spark, tmp_path):
+    path = str(tmp_path / "t")
+    kv_table(store, spark, path, [(1, 1, "a"), (2, 1, "b"), (3, 1, "c")])
+    store.append(path, spark.createDataFrame([(4, 1, "d")], KV_DDL))
+    store.delete(path, "id IN (1, 2)")
+    before = store.files(path)
+    assert sum(f.num_records or 0 for f in before) == 2
+    # delta-spark marks deleted rows in a deletion vector (a file whose rows all go is removed);
+    # delta-rs rewrites the file.
+    assert (sum(f.deleted_rows for f in before) > 0) == (store.name == "delta-spark")
+    m = store.optimize(path, purge=True)
+    after = store.files(path)
+    assert sum(f.deleted_rows for f in after) == 0
+    assert sum(f.num_records or 0 for f in after) == 2
+    assert rows(store.read(path), "id") == [{"id": 3, "seq": 1, "v": "c"}, {"id": 4, "seq": 1, "v": "d"}]
+    if store.name == "delta-spark":
+        assert m.extra["operation"] == "REORG"
+        assert store.history(path, 1)[0]["operation"] == "REORG"
+
+
 def test_overwrite(store, spark, tmp_path):
     path = str(tmp_path / "t")
     kv_table(store, spark, path, [(1, 1, "a"), (2, 1, "b")])

@@ -348,6 +348,31 @@ def test_tables_that_grow_by_a_file_per_run_are_compacted_by_the_maintenance_pol
     assert pipeline.verify().ok
 
 
+def test_maintenance_purges_the_silver_rows_deletion_vectors_hide(tmp_path, spark, storage, monkeypatch):
+    from cdc_join import maintenance
+    from cdc_join.maintenance import optimize_pipeline
+
+    monkeypatch.setattr(maintenance, "MAX_DELETED_SHARE", 0.1)
+    monkeypatch.setattr(maintenance, "MAX_SMALL_FILES", 1_000)  # deleted rows alone decide
+    pipeline, w = make_pipeline(tmp_path, spark, storage)
+    silver = pipeline.config.silver_path
+    w.write("rhs", [w.upsert("rhs", {"id": 1, "value": "r1"}, 1)])
+    w.write("lhs", [w.upsert("lhs", {"id": f"k{n}", "fk": 1, "v": n}, 10 + n, op="c") for n in range(20)])
+    pipeline.run()
+    # three of the twenty rows change, one goes: MERGEs on delta-spark mark them deleted
+    w.write("lhs", [w.upsert("lhs", {"id": f"k{n}", "fk": 1, "v": -n}, 100 + n) for n in range(1, 4)])
+    w.write("lhs", [w.delete("lhs", {"id": "k5", "fk": 1, "v": 5}, 200)])
+    pipeline.run()
+    hidden = sum(f.deleted_rows for f in storage.files(silver))
+    assert hidden == (4 if storage.name == "delta-spark" else 0)
+    done = {r["path"]: r for r in optimize_pipeline(storage, pipeline.config)}
+    assert done[silver]["action"] == ("purge" if hidden else None), done[silver]
+    assert sum(f.deleted_rows for f in storage.files(silver)) == 0
+    assert sum(f.num_records or 0 for f in storage.files(silver)) == 19
+    assert pipeline.run().steps["plan"]["decision"] == "incremental"  # the checkpoint still reads
+    assert pipeline.verify().ok
+
+
 def test_a_tombstone_horizon_lets_maintenance_drop_old_deletes_from_state(tmp_path, spark, storage):
     import dataclasses
 

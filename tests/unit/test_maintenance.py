@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from cdc_join.maintenance import MAX_LOOSE_FILES, MAX_LOOSE_SHARE, MAX_SMALL_FILES, inspect, loose
+from cdc_join.maintenance import (
+    MAX_DELETED_SHARE,
+    MAX_LOOSE_FILES,
+    MAX_LOOSE_SHARE,
+    MAX_SMALL_FILES,
+    inspect,
+    loose,
+    summary,
+)
 from cdc_join.storage import FileStats
 
 MB = 1024 * 1024
@@ -78,3 +86,54 @@ def test_tables_without_a_key_order_are_compacted_for_their_small_files():
     files = [_file(f"f{i}", None, None, 1_000) for i in range(MAX_SMALL_FILES + 1)]
     assert inspect(_Files(files), "t", 8 * MB, None).action == "compact"
     assert inspect(_Files(files[:-1]), "t", 8 * MB, None).action is None
+
+
+def _dv_file(name: str, live: int, deleted: int, size: int = 30 * MB) -> FileStats:
+    return FileStats(name, size, live, {"k": None}, {"k": None}, deleted_rows=deleted)
+
+
+def test_a_table_whose_deletion_vectors_hide_a_fifth_of_its_rows_is_purged():
+    # What 200 runs left in silver on delta-spark: four large files, each ~46% deleted.
+    heavy = [_dv_file(f"b{i}", 201_000, 174_000) for i in range(4)]
+    health = inspect(_Files(heavy), "t", 8 * MB, None)
+    assert health.action == "purge"
+    assert round(health.deleted_share, 2) == 0.46
+    # just under the share: nothing (no small files either)
+    live = int(1_000_000 * (1 - MAX_DELETED_SHARE)) + 1
+    under = [_dv_file("a", live, 1_000_000 - live)]
+    assert inspect(_Files(under), "t", 8 * MB, None).action is None
+    at = [_dv_file("a", live - 1, 1_000_000 - live + 1)]
+    assert inspect(_Files(at), "t", 8 * MB, None).action == "purge"
+
+
+def test_deleted_rows_outweigh_small_files_and_a_key_ordered_table_is_compacted_instead():
+    small = [_file(f"f{i}", None, None, 1_000) for i in range(MAX_SMALL_FILES + 1)]
+    heavy = [_dv_file("b", 50_000, 50_000), *small]
+    assert inspect(_Files(heavy), "t", 8 * MB, None).action == "purge"
+    # a key-ordered table's compaction rewrites every row: it is what purges it
+    ordered = _compacted()
+    ordered[0] = FileStats("c0", 8 * MB, 100, {"k": 0}, {"k": 100}, deleted_rows=100_000)
+    health = _health(ordered)
+    assert health.action == "compact" and health.loose_files == 0
+
+
+def test_files_without_row_counts_count_no_deleted_rows():
+    files = [FileStats("a", MB, None, {}, {}, deleted_rows=10), _dv_file("b", 100, 0)]
+    assert inspect(_Files(files), "t", 8 * MB, None).deleted_share == 0.0
+
+
+def test_the_summary_names_the_deleted_share_and_what_a_purge_left():
+    line = summary(
+        [
+            {
+                "path": "silver",
+                "files": 19,
+                "small_files": 4,
+                "deleted_share": 0.369,
+                "action": "purge",
+                "files_after": 6,
+                "deleted_share_after": 0.0,
+            }
+        ]
+    )
+    assert line == "silver: 19 files (4 small), 37% of its stored rows deleted → purge: 6 files, 0% deleted"
