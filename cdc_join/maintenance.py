@@ -159,12 +159,11 @@ def inspect(storage: Storage, path: str, target_size: int, cluster_by: list[str]
     files = storage.files(path)
     small = sum(1 for f in files if f.size_bytes < target_size // 4)
     deleted = deleted_share(files)
+    depth = overlap(files, cluster_by[0]) if cluster_by else None
     outside = loose(files, cluster_by[0]) if cluster_by else None
     if outside is None:  # no order to keep: deleted rows and small files decide
-        depth = overlap(files, cluster_by[0]) if cluster_by else None
         action = "purge" if deleted >= MAX_DELETED_SHARE else "compact" if small > MAX_SMALL_FILES else None
         return TableHealth(path, len(files), small, depth, action, deleted_share=deleted)
-    depth = overlap(files, cluster_by[0])
     total = sum(f.size_bytes for f in files)
     share = sum(f.size_bytes for f in outside) / total if total else 0.0
     # A compaction rewrites the whole table in key order, deleted rows gone with the rest.
@@ -175,8 +174,9 @@ def inspect(storage: Storage, path: str, target_size: int, cluster_by: list[str]
 
 def deleted_share(files: list[FileStats]) -> float:
     """The share of the rows stored in ``files`` that deletion vectors hide (0 without counts)."""
-    stored = sum(f.num_records + f.deleted_rows for f in files if f.num_records is not None)
-    deleted = sum(f.deleted_rows for f in files if f.num_records is not None)
+    counted = [f for f in files if f.num_records is not None]
+    deleted = sum(f.deleted_rows for f in counted)
+    stored = deleted + sum(f.num_records or 0 for f in counted)
     return deleted / stored if stored else 0.0
 
 
