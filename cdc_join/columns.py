@@ -17,8 +17,8 @@ State tables (one per source) hold the source's row columns, then:
 
 Subscription tables (one per join) hold ``fk_*`` and ``pk_*`` (the CombinedKey), then
 ``_lhs_hash``, ``_subscribed`` and ``_cdc_written`` (see :mod:`cdc_join.subscription`).
-Silver holds the select columns, its merge key ``_pk_*``, lineage ``_seq_<alias>`` and
-``_run_id``.
+Silver holds the select columns, its merge key ``_pk_*``, lineage ``_seq_<alias>``,
+``_run_id`` and ``_values_hash`` (:func:`cdc_join.hashing.values_hash` of the select columns).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ WRITTEN = "_cdc_written"
 
 # -- silver ----------------------------------------------------------------------------------
 RUN_ID = "_run_id"
+VALUES_HASH = "_values_hash"
 ACTION = "_action"  # upsert | delete, on rows on their way into silver
 
 

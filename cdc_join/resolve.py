@@ -29,7 +29,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, StructField, StructType
 
-from cdc_join import collect, lookup, state, subscription
+from cdc_join import collect, hashing, lookup, state, subscription
 from cdc_join.changeset import ChangeSet, arrow_schema, found_in, materialize, one_partition, same_values
 from cdc_join.columns import (
     ACTION,
@@ -38,8 +38,10 @@ from cdc_join.columns import (
     LHS_HASH,
     RUN_ID,
     SEQ,
+    VALUES_HASH,
     fk_columns,
     lineage_column,
+    output_columns,
     pk_columns,
 )
 from cdc_join.config import JoinConfig, JoinType, PipelineConfig
@@ -325,8 +327,9 @@ def build_rows(
             where each broadcast of a right table would run one more.
 
     Returns:
-        ``_pk_*``, the select columns, ``_seq_<alias>`` per source alias, ``_run_id`` and
-        ``_action`` (``upsert``/``delete``). A foreign key with a null part matches no row.
+        ``_pk_*``, the select columns, ``_seq_<alias>`` per source alias, ``_run_id``,
+        ``_values_hash`` (:func:`cdc_join.hashing.values_hash`) and ``_action``
+        (``upsert``/``delete``). A foreign key with a null part matches no row.
     """
     left = config.left_source
     values = ", ".join(quote(f.name) for f in value_fields(left_rows.schema) if f.name != run_id)
@@ -381,7 +384,12 @@ def _output(config: PipelineConfig, rows: DataFrame) -> DataFrame:
     ]
     # One expression each (a select entry as its user wrote it), all named in one call: a
     # classic session pays a dozen round trips to the JVM for each ``alias``.
-    return rows.select(*[F.expr(sql) for _, sql in columns]).toDF(*[name for name, _ in columns])
+    names = [name for name, _ in columns]
+    built = rows.select(*[F.expr(sql) for _, sql in columns]).toDF(*names)
+    # The hash of the select values, which the silver MERGE compares (their types: one analysis).
+    types = {f.name: f.dataType for f in built.schema.fields}
+    hashed = hashing.values_hash(output_columns(config), types).alias(VALUES_HASH)
+    return built.select(*quoted(names[:-1]), hashed, ACTION)
 
 
 def select_schema(storage: Storage, config: PipelineConfig) -> StructType:

@@ -21,7 +21,8 @@ import itertools
 import re
 from collections.abc import Iterator, Sequence
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
@@ -247,6 +248,21 @@ def sql_string(text: str) -> str:
         return f"CAST(X'{text.encode('utf-8').hex().upper()}' AS STRING)"
     except UnicodeEncodeError:  # a lone surrogate, which no Spark string holds
         return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+#: ``to_json`` options that spell out a timestamp to the microsecond: by default ``to_json``
+#: writes one inside a struct, array or map to the millisecond, and two values that differ
+#: below one would compare as the same text.
+EXACT_JSON = {
+    "timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX",
+    "timestampNTZFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSS",
+}
+
+
+def exact_json(column: Column) -> Column:
+    """The JSON text of a nested value (struct, array, map, variant) as comparisons need it:
+    every value in full, timestamps to the microsecond (:data:`EXACT_JSON`)."""
+    return F.to_json(column, EXACT_JSON)
 
 
 def ddl(data_type: DataType) -> str:

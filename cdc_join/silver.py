@@ -6,6 +6,10 @@ columns differs (lineage columns alone do not cause a rewrite), and deleted when
 action says so. Applying the same rows twice changes nothing, which is what a rerun after a
 crash does. Change Data Feed is on, so downstream jobs can read silver incrementally.
 
+A run's MERGE tells a changed row by ``_values_hash`` (the hash of its data columns), one
+column, so that Delta need not read silver's other columns to decide; a recompute compares the
+values themselves (:func:`differences`), so a full refresh also repairs a row edited by hand.
+
 A run MERGEs with the silver version it saw at its start as the expected version: if another
 run wrote silver in between, the MERGE fails instead of overwriting newer rows with older ones.
 
@@ -28,13 +32,21 @@ from typing import Any
 import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
-from pyspark.sql.types import ArrayType, DataType, MapType, StructField, StructType, VariantType
+from pyspark.sql.types import DataType, MapType, StructField, StructType
 
+from cdc_join import hashing
 from cdc_join.changeset import Rows, collect, from_arrow
-from cdc_join.columns import ACTION, RUN_ID, output_columns, silver_key_columns, table_properties
+from cdc_join.columns import (
+    ACTION,
+    RUN_ID,
+    VALUES_HASH,
+    output_columns,
+    silver_key_columns,
+    table_properties,
+)
 from cdc_join.config import JoinConfig, PipelineConfig
 from cdc_join.errors import ConcurrentRunError
-from cdc_join.schemas import quote, widens_to
+from cdc_join.schemas import exact_json, quote, widens_to
 from cdc_join.storage import MergeSpec, Storage
 
 
@@ -251,7 +263,7 @@ def write_all(
         return _replace(storage, config, rows, expected, "keys held more than once")
     schema = StructType([f for f in changes.schema.fields if f.name != COPIES])
     rows_to_merge = from_arrow(storage.spark, schema, found.drop_columns([COPIES]))
-    return merge(storage, config, rows_to_merge, expected_version=expected).as_counts()
+    return merge(storage, config, rows_to_merge, expected_version=expected, compared=True).as_counts()
 
 
 def _replace(
@@ -283,19 +295,29 @@ def _reshaped(current: StructType, wanted: StructType) -> bool:
 
 
 def merge(
-    storage: Storage, config: PipelineConfig, rows: Rows, *, expected_version: int | None = None
+    storage: Storage,
+    config: PipelineConfig,
+    rows: Rows,
+    *,
+    expected_version: int | None = None,
+    compared: bool = False,
 ) -> SilverReport:
-    """MERGE upserts and deletes (``_action``) into silver; see the module docstring."""
+    """MERGE upserts and deletes (``_action``) into silver; see the module docstring.
+
+    An upsert of a key silver holds updates it only when its values differ (:func:`_differ`);
+    with ``compared``, the rows are known to differ already (:func:`differences` compared
+    their values) and every one updates.
+    """
     keys = silver_key_columns(config)
-    changed = " OR ".join(f"(t.{quote(c)} IS DISTINCT FROM s.{quote(c)})" for c in output_columns(config))
+    upsert = f"s.{ACTION} = 'upsert'"
     metrics = storage.merge(
         config.silver_path,
         rows,
         MergeSpec(
             on=" AND ".join(f"t.{quote(c)} = s.{quote(c)}" for c in keys),
             delete_condition=f"s.{ACTION} = 'delete'",
-            update_condition=f"s.{ACTION} = 'upsert' AND ({changed})",
-            insert_condition=f"s.{ACTION} = 'upsert'",
+            update_condition=upsert if compared else f"{upsert} AND ({_differ(config, rows)})",
+            insert_condition=upsert,
             exclude_columns=(ACTION,),
         ),
         expected_version=expected_version,
@@ -313,6 +335,19 @@ def merge(
         version=metrics.version,
         rows_written=None if copied is None else inserted + updated + int(copied),
     )
+
+
+def _differ(config: PipelineConfig, rows: Rows) -> str:
+    """SQL: a source row's values differ from the silver row it matched.
+
+    Rows built by :mod:`cdc_join.resolve` carry ``_values_hash``: comparing that one column
+    lets Delta decide without reading silver's other columns for it. A silver row written
+    before silver had the column holds NULL there and counts as changed, once. Rows without
+    the column (written by hand) are compared column by column.
+    """
+    if VALUES_HASH in rows.schema.names:
+        return f"t.{VALUES_HASH} IS DISTINCT FROM s.{VALUES_HASH}"
+    return " OR ".join(f"(t.{quote(c)} IS DISTINCT FROM s.{quote(c)})" for c in output_columns(config))
 
 
 def differences(storage: Storage, config: PipelineConfig, rows: DataFrame) -> DataFrame:
@@ -381,21 +416,14 @@ def _compared_values(
 
 
 def _fingerprint(columns: Sequence[str], types: Mapping[str, DataType]) -> Column:
-    """96 bits of the values of ``columns`` (xxhash64 and murmur3 over the same arguments).
-
-    Spark's hashes skip a NULL, so each value is followed by whether it is NULL: without that
-    ``(NULL, 'x')`` and ``('x', NULL)`` would hash alike. Nested values are hashed as their JSON
-    text, which spells out NULLs inside them too (the hashes would skip those as well). Rows
-    that differ get equal fingerprints with a chance of about 2^-96 per row.
+    """96 bits of the values of ``columns``: xxhash64 and murmur3 over the same arguments
+    (:func:`~cdc_join.hashing.value_arguments`). Rows that differ get equal fingerprints with a
+    chance of about 2^-96 per row.
     """
-    args: list[Column] = []
-    for c in columns:
-        value = F.col(quote(c))
-        nested = isinstance(types[c], (ArrayType, MapType, StructType, VariantType))
-        args += [F.to_json(value) if nested else value, value.isNull()]
+    args = hashing.value_arguments(columns, types)
     return F.struct(F.xxhash64(*args).alias("x"), F.hash(*args).alias("m"))
 
 
 def _comparable(column: Column, data_type: DataType) -> Column:
     """A value Spark can compare for equality (maps cannot be: their JSON text can)."""
-    return F.to_json(column) if isinstance(data_type, MapType) else column
+    return exact_json(column) if isinstance(data_type, MapType) else column

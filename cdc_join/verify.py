@@ -46,7 +46,7 @@ from cdc_join.config import PipelineConfig
 from cdc_join.ingest import beyond_lookback, legacy_warnings
 from cdc_join.landing import landing_warnings, list_folders
 from cdc_join.runlog import Checkpoint
-from cdc_join.schemas import quoted, same_type, widens_to
+from cdc_join.schemas import exact_json, quoted, same_type, widens_to
 from cdc_join.storage import Storage
 
 SOURCES = ("bronze", "state")
@@ -368,7 +368,7 @@ def _comparable(rows: DataFrame) -> DataFrame:
     JSON of its entries sorted by key."""
     return rows.select(
         *[
-            F.to_json(F.array_sort(F.map_entries(F.col(f"`{f.name}`")))).alias(f.name)
+            exact_json(F.array_sort(F.map_entries(F.col(f"`{f.name}`")))).alias(f.name)
             if isinstance(f.dataType, MapType)
             else F.col(f"`{f.name}`")
             for f in rows.schema.fields

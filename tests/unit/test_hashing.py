@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import xxhash
 from pyspark.sql import Row
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from cdc_join.hashing import encoding, python_encoding, python_row_hash, row_hash
+from cdc_join.hashing import encoding, python_encoding, python_row_hash, row_hash, values_hash
 
 SCHEMA = StructType(
     [StructField("a", StringType()), StructField("b", StringType()), StructField("n", LongType())]
@@ -46,3 +48,34 @@ def test_value_boundaries_are_unambiguous():
 
 def test_a_column_that_is_null_everywhere_does_not_change_existing_hashes():
     assert python_row_hash({"a": "x"}) == python_row_hash({"a": "x", "added_later": None})
+
+
+VALUES = (
+    "k string, n long, s string, ev struct<t: timestamp, note: string>, tags map<string, timestamp>, "
+    "xs array<double>"
+)
+
+
+def test_silver_values_hash_tells_every_changed_value_from_a_row_sent_again(spark):
+    """``_values_hash``, which the silver MERGE compares instead of every column: equal values
+    hash alike; a changed value, a NULL, a NULL inside a nested value and a nested timestamp
+    moved by a microsecond each change the hash."""
+    t0, t1 = datetime(2026, 1, 2, 3, 4, 5, 123456), datetime(2026, 1, 2, 3, 4, 5, 123457)
+    base = ("base", 1, "x", {"t": t0, "note": "a"}, {"m": t0}, [1.0, 2.0])
+    variants = [
+        ("same", 1, "x", {"t": t0, "note": "a"}, {"m": t0}, [1.0, 2.0]),
+        ("number", 2, "x", {"t": t0, "note": "a"}, {"m": t0}, [1.0, 2.0]),
+        ("null", None, "x", {"t": t0, "note": "a"}, {"m": t0}, [1.0, 2.0]),
+        ("nested-null", 1, "x", {"t": t0, "note": None}, {"m": t0}, [1.0, 2.0]),
+        ("struct-micro", 1, "x", {"t": t1, "note": "a"}, {"m": t0}, [1.0, 2.0]),
+        ("map-micro", 1, "x", {"t": t0, "note": "a"}, {"m": t1}, [1.0, 2.0]),
+        ("array", 1, "x", {"t": t0, "note": "a"}, {"m": t0}, [1.0, 2.5]),
+        ("all-null", None, None, None, None, None),
+    ]
+    df = spark.createDataFrame([base, *variants], VALUES)
+    columns = ["n", "s", "ev", "tags", "xs"]
+    types = {f.name: f.dataType for f in df.schema.fields}
+    hashes = {r["k"]: r["h"] for r in df.select("k", values_hash(columns, types).alias("h")).collect()}
+    assert hashes["same"] == hashes["base"]
+    changed = [k for k in hashes if k not in ("base", "same")]
+    assert len({hashes[k] for k in changed} | {hashes["base"]}) == len(changed) + 1

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
+from pyspark.sql import functions as F
+
 from cdc_join import silver
+from cdc_join.columns import VALUES_HASH
+from cdc_join.hashing import values_hash
 from tests.support import make_pipeline
 
 SCHEMA = (
@@ -82,6 +88,33 @@ def test_only_changes_sees_values_that_swap_places_with_a_null(tmp_path, spark, 
     assert kept == {("a", "upsert"), ("b", "upsert")}
 
 
+def test_only_changes_sees_a_timestamp_inside_a_struct_or_map_move_by_a_microsecond(tmp_path, spark, storage):
+    """Nested values are compared as JSON text, which Spark writes to the millisecond unless
+    told otherwise: a child row's timestamp that moved by a microsecond is still a change."""
+    pipeline, _ = make_pipeline(
+        tmp_path,
+        spark,
+        storage,
+        select={"key": "lhs.id", "ev": "named_struct('t', lhs.v)", "tags": "map('k', lhs.v)"},
+    )
+    cfg = pipeline.config
+    schema = (
+        "_pk_id string, key string, ev struct<t: timestamp>, tags map<string, timestamp>, "
+        "_seq_lhs string, _seq_rhs string, _run_id long, _action string"
+    )
+    t0, t1 = datetime(2026, 1, 2, 3, 4, 5, 123456), datetime(2026, 1, 2, 3, 4, 5, 123457)
+
+    def rows(*values):
+        return spark.createDataFrame(
+            [(k, k, {"t": ev}, {"k": tag}, "1", "1", run, "upsert") for k, ev, tag, run in values], schema
+        )
+
+    merge_into_silver(storage, cfg, rows(("a", t0, t0, 1), ("b", t0, t0, 1), ("c", t0, t0, 1)))
+    candidates = rows(("a", t0, t0, 2), ("b", t1, t0, 2), ("c", t0, t1, 2))
+    kept = {(r["_pk_id"], r["_action"]) for r in only_changes(storage, cfg, candidates).collect()}
+    assert kept == {("b", "upsert"), ("c", "upsert")}
+
+
 def test_only_changes_passes_every_upsert_before_silver_exists(tmp_path, spark, storage):
     pipeline, _ = make_pipeline(tmp_path, spark, storage)
     rows = _rows(
@@ -137,3 +170,59 @@ def test_a_checkpoint_without_keys_is_no_redefinition_and_one_with_keys_is_compa
     moved = {**now, "left": "other"}
     assert silver.restated(moved, cfg) == "the left source changed since the last run (other → lhs)"
     assert silver.restated(now, cfg) is None and silver.restated(None, cfg) is None
+
+
+def _hashed(rows):
+    """Rows as resolve builds them: with ``_values_hash`` of the select columns."""
+    types = {f.name: f.dataType for f in rows.schema.fields}
+    hashed = values_hash(["key", "fk", "v", "value"], types).alias(VALUES_HASH)
+    return rows.select(*[c for c in rows.columns if c != "_action"], hashed, "_action")
+
+
+def _merged(storage, cfg, rows, **options):
+    version = storage.version(cfg.silver_path) if storage.exists(cfg.silver_path) else None
+    expected = silver.prepare(storage, cfg, rows, version)
+    return silver.merge(storage, cfg, rows, expected_version=expected, **options)
+
+
+def test_the_merge_compares_values_by_their_hash_and_a_full_refresh_by_the_values(tmp_path, spark, storage):
+    """An incremental MERGE updates a row when its ``_values_hash`` differs: a row sent again
+    changes nothing, a changed one is updated. A silver row edited by hand (its values no
+    longer those its hash was made of) escapes that comparison; a full refresh compares the
+    values themselves, and repairs it."""
+    pipeline, _ = make_pipeline(tmp_path, spark, storage)
+    cfg = pipeline.config
+    a1, b1 = ("a", "a", 1, 10, "x", "1", "1", 1, "upsert"), ("b", "b", 1, 20, "x", "1", "1", 1, "upsert")
+    a2, b2 = ("a", "a", 1, 10, "x", "2", "2", 2, "upsert"), ("b", "b", 1, 21, "x", "2", "2", 2, "upsert")
+    _merged(storage, cfg, _hashed(_rows(spark, a1, b1)))
+    report = _merged(storage, cfg, _hashed(_rows(spark, a2, b2)))
+    assert (report.inserted, report.updated, report.deleted) == (0, 1, 0)
+
+    # By hand: row a's v set to 99, its hash left as it was (that of v=10).
+    edited = _hashed(_rows(spark, a2)).withColumn("v", F.lit(99).cast("long"))
+    assert _merged(storage, cfg, edited, compared=True).updated == 1
+    assert _merged(storage, cfg, _hashed(_rows(spark, a2))).updated == 0
+    assert silver_values(storage, cfg) == {("a", 99), ("b", 21)}
+
+    whole_join = _hashed(_rows(spark, a2, b2))
+    counts = silver.write_all(storage, cfg, whole_join, storage.version(cfg.silver_path))
+    assert counts["updated"] == 1
+    assert silver_values(storage, cfg) == {("a", 10), ("b", 21)}
+
+
+def test_a_silver_row_from_before_the_values_hash_is_updated_once(tmp_path, spark, storage):
+    """Silver written before rows carried ``_values_hash`` (rows without it are compared column
+    by column): the first MERGE of rows with it adds the column, and a row it matches counts as
+    changed once (its hash is NULL); from then on the hashes are compared."""
+    pipeline, _ = make_pipeline(tmp_path, spark, storage)
+    cfg = pipeline.config
+    a1, a2 = ("a", "a", 1, 10, "x", "1", "1", 1, "upsert"), ("a", "a", 1, 10, "x", "2", "2", 2, "upsert")
+    merge_into_silver(storage, cfg, _rows(spark, a1))  # compared column by column
+    assert _merged(storage, cfg, _rows(spark, a2)).updated == 0
+    assert _merged(storage, cfg, _hashed(_rows(spark, a2))).updated == 1
+    assert _merged(storage, cfg, _hashed(_rows(spark, a2))).updated == 0
+    assert silver_values(storage, cfg) == {("a", 10)}
+
+
+def silver_values(storage, cfg):
+    return {tuple(r) for r in storage.read(cfg.silver_path).select("key", "v").collect()}
