@@ -105,9 +105,10 @@ def test_only_changes_sees_a_timestamp_inside_a_struct_or_map_move_by_a_microsec
     t0, t1 = datetime(2026, 1, 2, 3, 4, 5, 123456), datetime(2026, 1, 2, 3, 4, 5, 123457)
 
     def rows(*values):
-        return spark.createDataFrame(
+        built = spark.createDataFrame(
             [(k, k, {"t": ev}, {"k": tag}, "1", "1", run, "upsert") for k, ev, tag, run in values], schema
         )
+        return _hashed(built, ["key", "ev", "tags"])
 
     merge_into_silver(storage, cfg, rows(("a", t0, t0, 1), ("b", t0, t0, 1), ("c", t0, t0, 1)))
     candidates = rows(("a", t0, t0, 2), ("b", t1, t0, 2), ("c", t0, t1, 2))
@@ -172,10 +173,10 @@ def test_a_checkpoint_without_keys_is_no_redefinition_and_one_with_keys_is_compa
     assert silver.restated(now, cfg) is None and silver.restated(None, cfg) is None
 
 
-def _hashed(rows):
+def _hashed(rows, columns=("key", "fk", "v", "value")):
     """Rows as resolve builds them: with ``_values_hash`` of the select columns."""
     types = {f.name: f.dataType for f in rows.schema.fields}
-    hashed = values_hash(["key", "fk", "v", "value"], types).alias(VALUES_HASH)
+    hashed = values_hash(list(columns), types).alias(VALUES_HASH)
     return rows.select(*[c for c in rows.columns if c != "_action"], hashed, "_action")
 
 
