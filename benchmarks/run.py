@@ -237,10 +237,12 @@ def bench_scale(
     rf3a_customers: int = 100,
     on_batch: Any = None,
     plan: str = "auto",
+    settings: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The initial load and every batch fraction at one scale factor, on a fresh lake.
 
-    ``on_batch`` is called with the results so far after every batch.
+    ``on_batch`` is called with the results so far after every batch; ``settings`` are more
+    top-level keys of the pipeline YAML.
     """
     from cdc_join.config import load_config
     from cdc_join.pipeline import Pipeline
@@ -248,7 +250,7 @@ def bench_scale(
     root = work / f"sf{scale:g}"
     shutil.rmtree(root, ignore_errors=True)
     wl = Workload(root, scale, seed=seed, cache=work / "tpch")
-    config = load_config(wl.write_config())
+    config = load_config(wl.write_config(**(settings or {})))
     start = time.perf_counter()
     snapshot = wl.load_snapshot(spark, storage, config)
     load_s = time.perf_counter() - start
@@ -368,6 +370,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="plan of every run after the initial one (auto: the cost rule decides)",
     )
     parser.add_argument(
+        "--silver-change-feed",
+        choices=["on", "off"],
+        default="on",
+        help="the pipeline's silver_change_feed (off: silver keeps no Change Data Feed)",
+    )
+    parser.add_argument(
         "--rf3a-customers",
         type=int,
         default=100,
@@ -432,6 +440,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.rf3a_customers,
                 on_batch=write,
                 plan=args.plan,
+                settings={"silver_change_feed": args.silver_change_feed == "on"},
             )
         )
     out = write()

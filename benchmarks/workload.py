@@ -242,13 +242,14 @@ class Workload:
         self.customers: pd.DataFrame | None = None
 
     # -- layout ------------------------------------------------------------------------------
-    def write_config(self) -> Path:
-        """Write ``pipeline.yml`` and create the landing folders."""
+    def write_config(self, **settings: Any) -> Path:
+        """Write ``pipeline.yml`` (with ``settings`` as more top-level keys) and create the
+        landing folders."""
         self.root.mkdir(parents=True, exist_ok=True)
         for t in TABLES:
             (self.root / "landing" / t).mkdir(parents=True, exist_ok=True)
         path = self.root / "pipeline.yml"
-        path.write_text(yaml.safe_dump(pipeline_spec(), sort_keys=False))
+        path.write_text(yaml.safe_dump({**pipeline_spec(), **settings}, sort_keys=False))
         return path
 
     # -- snapshot ----------------------------------------------------------------------------

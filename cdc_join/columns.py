@@ -74,6 +74,7 @@ def lineage_column(alias: str) -> str:
 
 # -- table properties ------------------------------------------------------------------------
 TARGET_FILE_SIZE_PROPERTY = "delta.targetFileSize"
+CHANGE_DATA_FEED_PROPERTY = "delta.enableChangeDataFeed"
 #: Subscription tables: small files, so fk lookups read little.
 SUBSCRIPTION_TARGET_FILE_SIZE = 16 * 1024
 #: State and silver tables: rewritten files stay small enough that a MERGE touching a few keys

@@ -118,10 +118,13 @@ class PipelineConfig:
     tables: str | None = None
     on_quarantine: str = "fail"
     tombstone_horizon_days: float | None = None
+    """Maintenance drops delete tombstones whose event is older than this (``None``: never)."""
     landing_lookback_hours: float | None = None
     """With a value, ingest lists only landing files modified after the newest ingest minus
     this many hours, so finding new files does not grow with every file ever landed."""
-    """Maintenance drops delete tombstones whose event is older than this (``None``: never)."""
+    silver_change_feed: bool = True
+    """Whether silver keeps Delta's Change Data Feed, for jobs that read silver incrementally.
+    Off, a MERGE into silver need not read the rows it replaces (their pre-images)."""
 
     # -- table locations ----------------------------------------------------------------------
     # With ``tables: catalog.schema`` every table is addressed by name in that schema
@@ -324,6 +327,7 @@ _TOP_KEYS = {
     "on_quarantine",
     "tombstone_horizon_days",
     "landing_lookback_hours",
+    "silver_change_feed",
 }
 _TOP_KEYS |= {"description"}
 _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$")
@@ -407,6 +411,7 @@ def parse_config(
     quality, on_quarantine = _quality(raw, p), _on_quarantine(raw, p)
     horizon = p.value(lambda: _positive(raw, "tombstone_horizon_days", "days", float("inf")))
     lookback = p.value(lambda: _positive(raw, "landing_lookback_hours", "hours", 1e6))
+    change_feed = p.value(lambda: _flag(raw, "silver_change_feed", default=True), True)
     p.raise_found()
     return PipelineConfig(
         name=name,
@@ -422,6 +427,7 @@ def parse_config(
         on_quarantine=on_quarantine,
         tombstone_horizon_days=horizon,
         landing_lookback_hours=lookback,
+        silver_change_feed=change_feed,
     )
 
 
@@ -479,6 +485,14 @@ def _positive(raw: Mapping[str, Any], key: str, unit: str, below: float) -> floa
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < below:
         raise ConfigError(f"must be a positive number of {unit}, got {value!r}", key=key)
     return float(value)
+
+
+def _flag(raw: Mapping[str, Any], key: str, *, default: bool) -> bool:
+    """An optional ``true`` / ``false`` (YAML booleans only: a string ``"no"`` is a mistake)."""
+    value = raw.get(key, default)
+    if not isinstance(value, bool):
+        raise ConfigError(f"must be true or false, got {value!r}", key=key)
+    return value
 
 
 def parse_tables(value: Any) -> str | None:

@@ -23,7 +23,7 @@ subscriptions are recomputed for every key whose state changed since the checkpo
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -145,13 +145,20 @@ class Fenced:
         return True
 
     def evolve(self, path: str, schema: StructType) -> bool:
+        return self._metadata(path, lambda: self.inner.evolve(path, schema))
+
+    def set_properties(self, path: str, properties: Mapping[str, str]) -> bool:
+        return self._metadata(path, lambda: self.inner.set_properties(path, properties))
+
+    def _metadata(self, path: str, change: Callable[[], bool]) -> bool:
+        """A metadata change (schema, properties) of a table still at the run's version."""
         expected = self._expected(path, None)
         if expected is not None and self.inner.version(path) != expected:
             raise ConcurrentRunError(
                 f"the Delta table at {path} moved past version {expected} while this run worked: "
                 "another writer committed to it first"
             )
-        changed = self.inner.evolve(path, schema)
+        changed = change()
         if changed and path in self._seen:
             self._seen[path] = self.inner.version(path)
         return changed

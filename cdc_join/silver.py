@@ -4,7 +4,9 @@ Silver is keyed by the left primary key (``_pk_*`` columns, so the key is there 
 select list does not carry it). A row is inserted when new, updated only when one of its data
 columns differs (lineage columns alone do not cause a rewrite), and deleted when the row's
 action says so. Applying the same rows twice changes nothing, which is what a rerun after a
-crash does. Change Data Feed is on, so downstream jobs can read silver incrementally.
+crash does. Change Data Feed is on, so downstream jobs can read silver incrementally, unless
+the pipeline turns it off (``silver_change_feed: false``): then a MERGE need not read the rows
+it replaces for their pre-images. A run that writes silver sets the property as configured.
 
 A run's MERGE tells a changed row by ``_values_hash`` (the hash of its data columns), one
 column, so that Delta need not read silver's other columns to decide; a recompute compares the
@@ -38,6 +40,7 @@ from cdc_join import hashing
 from cdc_join.changeset import Rows, collect, from_arrow
 from cdc_join.columns import (
     ACTION,
+    CHANGE_DATA_FEED_PROPERTY,
     RUN_ID,
     VALUES_HASH,
     output_columns,
@@ -80,19 +83,21 @@ COPIES = "_copies"
 
 
 def prepare(storage: Storage, config: PipelineConfig, rows: Rows, expected_version: int | None) -> int:
-    """Create silver for rows of this shape, or add new columns and widen types.
+    """Create silver for rows of this shape, or add new columns, widen types and turn its
+    change feed on or off as the pipeline says.
 
     ``expected_version`` is silver's version when the run started (``None``: no silver yet);
     if silver moved since, another run wrote it and this one stops. Returns the version the
     run's MERGE must find.
     """
-    path, schema = config.silver_path, _columns(rows.schema)
+    path, schema, feed = config.silver_path, _columns(rows.schema), config.silver_change_feed
     if expected_version is None:
-        if not storage.create(path, schema, cdf=True, properties=table_properties("silver")):
+        if not storage.create(path, schema, cdf=feed, properties=table_properties("silver")):
             raise ConcurrentRunError(f"silver {path} was created by another run while this one worked")
         return storage.version(path)
     if storage.version(path) != expected_version:
         raise ConcurrentRunError(f"silver {path} moved past version {expected_version}: another run wrote it")
+    storage.set_properties(path, {CHANGE_DATA_FEED_PROPERTY: str(feed).lower()})
     storage.evolve(path, schema)
     return storage.version(path)
 

@@ -40,6 +40,8 @@ Rules every backend follows (the contract tests in ``tests/contract`` check them
   columns (nested ones too) are added, widened types change in place where the backend can
   (Delta type widening) and by rewriting the table once where it cannot. It returns whether
   the schema changed.
+- ``set_properties`` sets the table properties whose value differs (one metadata commit, no
+  data file written) and returns whether any did.
 - Nothing here vacuums.
 """
 
@@ -208,6 +210,8 @@ class Storage(Protocol):
     def delete(self, path: str, predicate: str | None = None) -> WriteMetrics: ...
 
     def evolve(self, path: str, schema: StructType) -> bool: ...
+
+    def set_properties(self, path: str, properties: Mapping[str, str]) -> bool: ...
 
     def optimize(
         self,

@@ -1033,6 +1033,20 @@ class DeltaRsStorage:
                 )
         return True
 
+    def set_properties(self, path: str, properties: Mapping[str, str]) -> bool:
+        """Set the properties whose value differs, in one metadata commit."""
+        dt = self._load_for_write(path)
+        have = dt.metadata().configuration
+        changed = {k: v for k, v in properties.items() if have.get(k) != v}
+        if not changed:
+            return False
+        with _delta_errors("set the table properties of", path):
+            dt.alter.set_table_properties(
+                changed, raise_if_not_exists=False, commit_properties=CommitProperties(max_commit_retries=0)
+            )
+        self._latest.pop(table_root(path), None)
+        return True
+
     def optimize(
         self,
         path: str,

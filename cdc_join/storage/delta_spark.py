@@ -842,6 +842,18 @@ class DeltaSparkStorage:
         self._forget(path)
         return True
 
+    def set_properties(self, path: str, properties: Mapping[str, str]) -> bool:
+        """Set the properties whose value differs, in one ``ALTER TABLE … SET TBLPROPERTIES``."""
+        have = self._properties(path)
+        changed = {k: v for k, v in properties.items() if have.get(k) != v}
+        if not changed:
+            return False
+        listed = ", ".join(f"{_sql_text(k)} = {_sql_text(v)}" for k, v in changed.items())
+        with _spark_errors("set the table properties of", path):
+            self.spark.sql(f"ALTER TABLE {self._sql_ref(path)} SET TBLPROPERTIES ({listed})")
+        self._forget(path)
+        return True
+
     def optimize(
         self,
         path: str,
@@ -959,15 +971,8 @@ class DeltaSparkStorage:
     def _enable_features(self, path: str, schema: StructType) -> None:
         """Name the table features ``schema``'s types need before a write brings them in."""
         needed = _features(schema)
-        if not needed:
-            return
-        have = self._properties(path)
-        missing = {k: v for k, v in needed.items() if have.get(k) != v}
-        if missing:
-            listed = ", ".join(f"{_sql_text(k)} = {_sql_text(v)}" for k, v in missing.items())
-            with _spark_errors("set the table features of", path):
-                self.spark.sql(f"ALTER TABLE {self._sql_ref(path)} SET TBLPROPERTIES ({listed})")
-            self._forget(path)
+        if needed:
+            self.set_properties(path, needed)
 
     def _properties(self, path: str) -> dict[str, str]:
         with _spark_errors("read the properties of", path):

@@ -14,6 +14,7 @@ from datetime import date, datetime, timedelta, timezone
 from decimal import Decimal
 from pathlib import Path
 
+import deltalake
 import pyarrow as pa
 import pytest
 from pyspark.sql import functions as F
@@ -626,6 +627,29 @@ def test_read_changes(store, spark, tmp_path):
     assert len(only_v2) == 3
     # An end past the latest version is clamped.
     assert store.read_changes(path, 3, 99).count() == 1
+
+
+def test_set_properties_turns_the_change_feed_off_and_on_again(store, spark, tmp_path):
+    path = str(tmp_path / "t")
+    kv_table(store, spark, path, [(1, 1, "a"), (2, 1, "b")])  # v1, with a change feed
+    feed = "delta.enableChangeDataFeed"
+
+    assert store.set_properties(path, {feed: "false"}) is True  # v2
+    assert store.set_properties(path, {feed: "false"}) is False  # nothing to change: no commit
+    assert store.version(path) == 2
+    store.merge(path, spark.createDataFrame([(1, 2, "a2")], KV_DDL), MergeSpec(on="t.id = s.id"))  # v3
+    # Off, the update wrote no change data (its pre-image was not read to be kept).
+    assert not (tmp_path / "t" / "_change_data").exists()
+    assert deltalake.DeltaTable(path).metadata().configuration[feed] == "false"
+
+    assert store.set_properties(path, {feed: "true"}) is True  # v4
+    store.merge(path, spark.createDataFrame([(2, 2, "b2")], KV_DDL), MergeSpec(on="t.id = s.id"))  # v5
+    got = rows(store.read_changes(path, 5), "id", "_change_type")
+    assert [(r["_change_type"], r["v"]) for r in got] == [
+        ("update_postimage", "b2"),
+        ("update_preimage", "b"),
+    ]
+    assert rows(store.read(path), "id") == [{"id": 1, "seq": 2, "v": "a2"}, {"id": 2, "seq": 2, "v": "b2"}]
 
 
 def test_read_changes_empty_range(store, spark, tmp_path):

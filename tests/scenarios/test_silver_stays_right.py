@@ -3,18 +3,22 @@
 Nulls in text columns, composite foreign keys with a null part, a full refresh killed part-way,
 silver rows without a source row, equal sequence values in different batches, a column whose
 type widens (or changes in a way that cannot widen), a truncate followed by more batches, a
-bronze table without a change feed, a source without events yet, and a map column.
+bronze table without a change feed, a source without events yet, a map column, and silver
+without a change feed.
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import deltalake
 import pytest
 import yaml
 from pyspark.sql import functions as F
 
 from cdc_join import cli
+from cdc_join.columns import CHANGE_DATA_FEED_PROPERTY as CHANGE_FEED
 from cdc_join.columns import RUN
 from cdc_join.config import load_config
 from cdc_join.errors import ConfigError, SourceNotReadyError
@@ -611,4 +615,44 @@ def test_a_map_column_in_silver_is_updated_and_left_alone_like_any_other(tmp_pat
     assert silver_rows(pipeline, ["key", "value"]) == {("a", "x"), ("b", "x")}
     tags = {r["key"]: r["tags"] for r in pipeline.storage.read(pipeline.config.silver_path).collect()}
     assert tags == {"a": {"v": 11, "fk": 1}, "b": {"v": 20, "fk": 1}}
+    assert pipeline.verify().ok
+
+
+def _reloaded(pipeline: Pipeline, **changes) -> Pipeline:
+    """The pipeline with ``changes`` made to its YAML, as a user edits it between runs."""
+    path = pipeline.config.config_path
+    spec = {**yaml.safe_load(path.read_text()), **changes}
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return Pipeline(load_config(path), pipeline.spark, pipeline.storage)
+
+
+def test_silver_without_a_change_feed_stays_right_and_keeps_one_again_once_turned_back_on(
+    tmp_path, spark, storage
+):
+    """``silver_change_feed: false`` (a MERGE then need not read the rows it replaces): silver
+    is created without the feed and its updates write no change data; turned back on, the next
+    run that writes silver sets the property, and its changes are in the feed."""
+    first, writer = make_pipeline(tmp_path, spark, storage, join_type="left")
+    pipeline = _reloaded(first, silver_change_feed=False)
+    path = pipeline.config.silver_path
+    writer.write("rhs", [writer.upsert("rhs", {"id": 1, "value": "x"}, lsn=1, op="c")])
+    writer.write("lhs", [writer.upsert("lhs", {"id": "a", "fk": 1, "v": 10}, lsn=2, op="c")])
+    pipeline.run()
+    writer.write("lhs", [writer.upsert("lhs", {"id": "a", "fk": 1, "v": 11}, lsn=3, op="u")])
+    assert pipeline.run().steps["silver"]["updated"] == 1
+    assert deltalake.DeltaTable(path).metadata().configuration.get(CHANGE_FEED) != "true"
+    assert not (Path(path) / "_change_data").exists()
+    assert silver_rows(pipeline) == {("a", 1, 11, "x")}
+
+    pipeline = _reloaded(pipeline, silver_change_feed=True)
+    writer.write("rhs", [writer.upsert("rhs", {"id": 1, "value": "y"}, lsn=4, op="u")])
+    before = pipeline.storage.version(path)
+    assert pipeline.run().steps["silver"]["updated"] == 1
+    assert deltalake.DeltaTable(path).metadata().configuration[CHANGE_FEED] == "true"
+    feed = pipeline.storage.read_changes(path, before + 1).where("_change_type LIKE 'update%'")
+    assert {(r["_change_type"], r["value"]) for r in feed.collect()} == {
+        ("update_preimage", "x"),
+        ("update_postimage", "y"),
+    }
+    assert silver_rows(pipeline) == {("a", 1, 11, "y")}
     assert pipeline.verify().ok

@@ -1061,3 +1061,14 @@ def test_landing_lookback_must_be_a_positive_number_of_hours(project: Path, hour
         load_config(_write(project, raw))
     raw["landing_lookback_hours"] = 24
     assert load_config(_write(project, raw)).landing_lookback_hours == 24.0
+
+
+@pytest.mark.parametrize("value", ["no", "false", 0, None])
+def test_silver_change_feed_must_be_true_or_false(project: Path, value: Any) -> None:
+    raw = _base()
+    assert load_config(_write(project, raw)).silver_change_feed is True  # on unless turned off
+    raw["silver_change_feed"] = value
+    with pytest.raises(ConfigError, match=r"silver_change_feed.*must be true or false"):
+        load_config(_write(project, raw))
+    raw["silver_change_feed"] = False
+    assert load_config(_write(project, raw)).silver_change_feed is False
