@@ -4,14 +4,15 @@ A source column that has so far held only ``[]``, ``[null]`` or a map of nulls i
 ``array<void>`` (``map<k, void>``; a struct field that has held only nulls inside an array is
 ``void`` too): its element type comes with the first value (:mod:`cdc_join.schemas`). delta-rs
 writes such a column; Delta on Spark refuses to write any void under an array or a map
-(``DELTA_COMPLEX_TYPE_COLUMN_CONTAINS_NULL_TYPE``), in a MERGE as in an append.
+(``DELTA_COMPLEX_TYPE_COLUMN_CONTAINS_NULL_TYPE``), in a MERGE as in an append, and a struct
+whose fields are all void (``DELTA_CANNOT_WRITE_EMPTY_SCHEMA``: Parquet has no empty group).
 
-So on that backend such a void is *stored* as a string that is always null, and the field
-holding it says so in its comment: ``cdc_join void: element`` (the steps from the field to the
-void, ``element`` of an array and ``value`` of a map; nothing after the colon for the field
-itself). Reads give the void back (:func:`to_logical`, :func:`logical_schema`): both backends
-hold the same rows and report the same schema. A void outside arrays and maps stays void: Delta
-keeps it in the schema and writes no data for it.
+So on that backend such a void (each void of such a struct) is *stored* as a string that is
+always null, and the field holding it says so in its comment: ``cdc_join void: element`` (the
+steps from the field to the void, ``element`` of an array and ``value`` of a map; nothing after
+the colon for the field itself). Reads give the void back (:func:`to_logical`,
+:func:`logical_schema`): both backends hold the same rows and report the same schema. Any other
+void outside arrays and maps stays void: Delta keeps it in the schema and writes no data for it.
 
 A comment names one path through arrays and maps, so a field holds at most one such void;
 struct fields inside carry their own. A comment left behind by a type that has since arrived is
@@ -114,8 +115,18 @@ def _stored(dtype: DataType, under: bool) -> DataType:
     if isinstance(dtype, MapType):
         return MapType(dtype.keyType, _stored(dtype.valueType, True), dtype.valueContainsNull)
     if isinstance(dtype, StructType):
-        return StructType([_stored_field(f, under) for f in dtype.fields])
+        # A struct with nothing but voids in it would be an empty group in Parquet, which Delta
+        # on Spark refuses to write (DELTA_CANNOT_WRITE_EMPTY_SCHEMA): its voids are stored too.
+        inner = under or not _holds_a_type(dtype)
+        return StructType([_stored_field(f, inner) for f in dtype.fields])
     return dtype
+
+
+def _holds_a_type(dtype: DataType) -> bool:
+    """Whether a value of ``dtype`` outside arrays and maps has a leaf that is not void."""
+    if isinstance(dtype, StructType):
+        return any(_holds_a_type(f.dataType) for f in dtype.fields)
+    return not isinstance(dtype, NullType)
 
 
 def _stored_field(field: StructField, under: bool) -> StructField:

@@ -76,3 +76,27 @@ def test_a_comment_left_behind_by_a_type_that_arrived_since_keeps_the_type():
     assert logical_schema(stale) == StructType(
         [StructField("ar", ArrayType(IntegerType())), StructField("d", ArrayType(DateType()))]
     )
+
+
+def test_a_struct_holding_only_voids_stores_them_as_commented_strings():
+    # Parquet has no empty group: Delta on Spark refuses a struct whose fields are all void
+    # (DELTA_CANNOT_WRITE_EMPTY_SCHEMA), nested or not; a struct with one typed leaf keeps its voids.
+    only_voids = StructType(
+        [StructField("a", NullType()), StructField("b", StructType([StructField("c", NullType())]))]
+    )
+    logical = StructType(
+        [
+            StructField("st", only_voids),
+            StructField("image", StructType([StructField("k", StringType()), StructField("st", only_voids)])),
+            StructField("mixed", StructType([StructField("a", NullType()), StructField("n", IntegerType())])),
+        ]
+    )
+    stored = stored_schema(logical)
+    for st in (stored["st"].dataType, stored["image"].dataType["st"].dataType):
+        assert st["a"].dataType == StringType() and st["a"].metadata["comment"] == MARK
+        assert (
+            st["b"].dataType["c"].dataType == StringType()
+            and st["b"].dataType["c"].metadata["comment"] == MARK
+        )
+    assert stored["mixed"].dataType["a"].dataType == NullType()
+    assert has_untyped(logical) and logical_schema(stored) == logical
