@@ -1,7 +1,8 @@
 """Landing files → bronze, exactly once per file.
 
 A run lists a source's landing folder (:mod:`cdc_join.landing`), drops the files the ingest
-log already names, reads the rest and parses them with :func:`cdc_join.debezium.parse_events`.
+log already names, reads the rest and parses them with :func:`cdc_join.debezium.parse_events`;
+the parsed lines stay in Spark, counted per file (:mod:`cdc_join.batch_outcome`).
 
 Landing files are immutable: a file the log names that changed since (its size; or its
 modification time, when its bytes' MD5 differs too or can't be read) stops the run with an
@@ -32,7 +33,6 @@ not make its files new.
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import hashlib
 import json
 import logging
@@ -56,11 +56,12 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from cdc_join.changeset import ChangeSet, arrow_schema, cast_table, empty, from_arrow, materialize
+from cdc_join.batch_outcome import QUARANTINE_TABLE_SCHEMA, FileCounts, Outcome
+from cdc_join.changeset import arrow_schema, from_arrow
 from cdc_join.config import PipelineConfig
-from cdc_join.debezium import QUARANTINE_SCHEMA, ParsedBatch, parse_events
+from cdc_join.debezium import parse_events
 from cdc_join.debezium.sequence import LEGACY_RULES, kept_legacy_rule
-from cdc_join.debezium.unavailable import UNAVAILABLE_VALUE, unavailable_values
+from cdc_join.debezium.unavailable import UNAVAILABLE_VALUE
 from cdc_join.errors import ConfigError, InputError
 from cdc_join.landing import (
     LandedFile,
@@ -92,10 +93,6 @@ INGEST_LOG_SCHEMA = StructType(
         StructField("content_md5", StringType()),
     ]
 )
-QUARANTINE_TABLE_SCHEMA = StructType(
-    [*QUARANTINE_SCHEMA.fields, StructField("_ingested_at", TimestampType())]
-)
-
 _BRONZE_MERGE = MergeSpec(on="t._file = s._file AND t._line = s._line", update=False, merge_schema=True)
 _QUARANTINE_MERGE = MergeSpec(
     on="t.source = s.source AND t._file = s._file AND t._line = s._line", update=False, merge_schema=True
@@ -123,7 +120,7 @@ class IngestReport:
     """Quarantined lines per reason."""
     unavailable: Mapping[str, int] = field(default_factory=dict)
     """Per column, the events whose ``after`` image holds Debezium's placeholder for a value it
-    could not read (see :func:`unavailable_values`)."""
+    could not read (see :mod:`cdc_join.debezium.unavailable`)."""
     unread: tuple[str, ...] = ()
     """Files in the landing folder a run does not read: their names end otherwise than
     ``.json``, ``.jsonl``, ``.json.gz`` or ``.jsonl.gz`` (and do not mark them as still being
@@ -187,14 +184,6 @@ class Logged:
     size: int | None
     modified_ms: int | None = None
     content_md5: str | None = None
-
-
-@dataclass(frozen=True)
-class _FileCounts:
-    lines: int = 0
-    events: int = 0
-    quarantined: int = 0
-    tombstones: int = 0
 
 
 def ingest_all(
@@ -277,7 +266,7 @@ def ingest_source(
         if pending
         else ({}, {}, {}, "")
     )
-    total = _FileCounts(*(sum(column) for column in zip(*(astuple(c) for c in counts.values()), strict=True)))
+    total = FileCounts(*(sum(column) for column in zip(*(astuple(c) for c in counts.values()), strict=True)))
     say.after(total)
     return IngestReport(
         source_name,
@@ -305,7 +294,7 @@ class _Progress:
             size = sum(f.size for f in pending) / 1e6
             self.say(f"  ingest {self.source}: {len(pending)} new file(s), {size:.1f} MB ...")
 
-    def after(self, total: _FileCounts) -> None:
+    def after(self, total: FileCounts) -> None:
         if self.say is not None:
             self.say(
                 f"  ingest {self.source}: {total.events} events, {total.quarantined} quarantined, "
@@ -367,11 +356,12 @@ def _ingest_files(
     source_name: str,
     pending: Sequence[LandedFile],
     after_step: StepHook | None,
-) -> tuple[dict[str, _FileCounts], dict[str, int], dict[str, int], str]:
-    """Parse ``pending`` (one Spark job for the batch's schemas, one for its lines), then write;
-    the outcome counts per file, the quarantined lines per reason, per column the events
-    holding Debezium's placeholder for a value it could not read, and the name of the sequence
-    rule the events were ordered by ('' when no file could be read).
+) -> tuple[dict[str, FileCounts], dict[str, int], dict[str, int], str]:
+    """Parse ``pending`` (one Spark job for the batch's schemas, one counting its lines: see
+    :mod:`cdc_join.batch_outcome`), then write from Spark's cache; return the outcome counts
+    per file, the quarantined lines per reason, per column the events holding Debezium's
+    placeholder for a value it could not read, and the name of the sequence rule the events
+    were ordered by ('' when no file could be read).
 
     A file Spark cannot read at all (a truncated gzip, say) fails the batch's job; then each
     file is tried alone, and those that fail are quarantined whole, with the reason, while the
@@ -391,14 +381,14 @@ def _ingest_files(
         parsed = (
             _parse(spark, storage, config, source_name, readable, now)
             if readable
-            else _Outcome(
-                empty(spark, StructType([])), empty(spark, QUARANTINE_TABLE_SCHEMA), {}, StructType([]), now
-            )
+            else Outcome.nothing(spark, now)
         )
-        outcome = parsed.with_unreadable(source_name, unreadable)
-    counts = _write_all(spark, storage, config, source_name, pending, outcome, after_step)
-    reasons = outcome.quarantine.value_counts("reason") if outcome.quarantine.rows else {}
-    return counts, reasons, dict(outcome.unavailable), outcome.sequence_rule
+        outcome = parsed.with_unreadable(spark, source_name, unreadable)
+    try:
+        counts = _write_all(spark, storage, config, source_name, pending, outcome, after_step)
+        return counts, outcome.reasons(), dict(outcome.unavailable), outcome.sequence_rule
+    finally:
+        outcome.release()
 
 
 def _parse(
@@ -408,7 +398,7 @@ def _parse(
     source_name: str,
     files: Sequence[LandedFile],
     ingested_at: datetime,
-) -> _Outcome:
+) -> Outcome:
     bronze = config.bronze_path(source_name)
     known = _known_row(storage, bronze)
     try:
@@ -423,9 +413,10 @@ def _parse(
     except ConfigError as e:
         raise ConfigError(e.message, key=e.key, path=config.config_path, hint=e.hint) from None
     try:
-        return _Outcome.of(parsed, source_name, ingested_at)
-    finally:
+        return Outcome.of(parsed, source_name, ingested_at)
+    except BaseException:
         parsed.unpersist()
+        raise
 
 
 def _unreadable(spark: SparkSession, files: Sequence[LandedFile]) -> dict[str, str]:
@@ -454,136 +445,19 @@ def _cause(e: Exception) -> str:
     return text.strip().splitlines()[0][:300] if text.strip() else type(e).__name__
 
 
-@dataclass(frozen=True)
-class _Outcome:
-    """A parsed batch on the driver: its events and quarantined lines as change sets ready to
-    write, and per file the count of each outcome."""
-
-    events: ChangeSet
-    quarantine: ChangeSet
-    counts: dict[str, _FileCounts]
-    row_schema: StructType
-    ingested_at: datetime
-    unavailable: Mapping[str, int] = field(default_factory=dict)
-    sequence_rule: str = ""
-
-    @classmethod
-    def of(cls, parsed: ParsedBatch, source_name: str, ingested_at: datetime) -> _Outcome:
-        """Collect every line's outcome in one Spark job and cut it on the driver."""
-        columns = (
-            "_file",
-            "_line",
-            "__kind",
-            "__reason AS reason",
-            *(f"{c} AS {n}" for n, c in _EVENT_SOURCES),
-        )
-        lines = materialize(parsed.classified.selectExpr(*columns))
-        stamp = pa.array([ingested_at] * lines.rows, pa.timestamp("us", tz="UTC"))
-        table = _json_arrays_as_one_line(lines.table.append_column("_ingested_at", stamp))
-        kind = table.column("__kind")
-        event_schema = StructType(
-            [*parsed.events.schema.fields, StructField("_ingested_at", TimestampType())]
-        )
-        events = table.filter(pc.equal(kind, "event")).select(event_schema.names)
-        quarantined = table.filter(pc.equal(kind, "quarantine"))
-        quarantined = quarantined.append_column(
-            "source", pa.array([source_name] * quarantined.num_rows, pa.string())
-        )
-        quarantined = quarantined.rename_columns(
-            ["raw" if c == "_raw" else c for c in quarantined.column_names]
-        )
-        spark = parsed.events.sparkSession
-        return cls(
-            events=from_arrow(spark, event_schema, cast_table(events, arrow_schema(event_schema))),
-            quarantine=from_arrow(
-                spark,
-                QUARANTINE_TABLE_SCHEMA,
-                quarantined.select(QUARANTINE_TABLE_SCHEMA.names).cast(arrow_schema(QUARANTINE_TABLE_SCHEMA)),
-            ),
-            counts=_counts_by_file(table),
-            row_schema=parsed.row_schema,
-            ingested_at=ingested_at,
-            unavailable=unavailable_values(events.column("_after")),
-            sequence_rule=parsed.sequence.name,
-        )
-
-    def with_unreadable(self, source_name: str, unreadable: Mapping[str, str]) -> _Outcome:
-        """This outcome plus one quarantined line (line 0, no text) per file that could not be read."""
-        n = len(unreadable)
-        rows = pa.table(
-            {
-                "source": pa.array([source_name] * n, pa.string()),
-                "_file": pa.array(list(unreadable), pa.string()),
-                "_line": pa.array([0] * n, pa.int64()),
-                "reason": pa.array([f"{UNREADABLE_REASON}: {why}" for why in unreadable.values()]),
-                "raw": pa.nulls(n, pa.string()),
-                "_ingested_at": pa.array([self.ingested_at] * n, pa.timestamp("us", tz="UTC")),
-            }
-        )
-        schema = arrow_schema(QUARANTINE_TABLE_SCHEMA)
-        table = pa.concat_tables([self.quarantine.table.cast(schema), rows.select(schema.names).cast(schema)])
-        counts = {**self.counts, **{name: _FileCounts(lines=1, quarantined=1) for name in unreadable}}
-        return dataclasses.replace(
-            self, quarantine=from_arrow(self.quarantine.spark, QUARANTINE_TABLE_SCHEMA, table), counts=counts
-        )
-
-
-UNREADABLE_REASON = "the file cannot be read, nothing in it was ingested; land a good copy under a new name"
-
-JSON_ARRAY_REASON = (
-    "the file holds a JSON array, not JSON lines: nothing in it was ingested. Land its events "
-    "one JSON object per line, in a new file"
-)
-
-
-def _json_arrays_as_one_line(table: pa.Table) -> pa.Table:
-    """Lines of files whose first line opens a JSON array, replaced by one quarantined line
-    per file saying so (an array's lines are not events, whatever some of them parse to)."""
-    first = table.filter(pc.equal(table.column("_line"), 1))
-    opens = pc.starts_with(pc.utf8_ltrim_whitespace(pc.fill_null(first.column("_raw"), "")), "[")
-    arrays = first.filter(opens)
-    if not arrays.num_rows:
-        return table
-    kept = table.filter(pc.invert(pc.is_in(table.column("_file"), value_set=arrays.column("_file"))))
-    n = arrays.num_rows
-    replaced = arrays.set_column(
-        arrays.schema.get_field_index("__kind"), "__kind", pa.array(["quarantine"] * n, pa.string())
-    ).set_column(arrays.schema.get_field_index("reason"), "reason", pa.array([JSON_ARRAY_REASON] * n))
-    nulls = {
-        c: pa.nulls(n, replaced.schema.field(c).type)
-        for c in ("_op", "_seq", "_seq_values", "_ts_ms", "_before", "_after")
-    }
-    for column, values in nulls.items():
-        replaced = replaced.set_column(replaced.schema.get_field_index(column), column, values)
-    schema = pa.schema([f.with_nullable(True) for f in kept.schema])
-    return pa.concat_tables([cast_table(kept, schema), cast_table(replaced, schema)])
-
-
-#: Bronze event columns and the classified columns they come from.
-_EVENT_SOURCES = (
-    ("_op", "__op"),
-    ("_seq", "_seq"),
-    ("_seq_values", "_seq_values"),
-    ("_ts_ms", "_ts_ms"),
-    ("_before", "__before"),
-    ("_after", "__after"),
-    ("_raw", "value"),
-)
-
-
 def _write_all(
     spark: SparkSession,
     storage: Storage,
     config: PipelineConfig,
     source_name: str,
     pending: Sequence[LandedFile],
-    outcome: _Outcome,
+    outcome: Outcome,
     after_step: StepHook | None,
-) -> dict[str, _FileCounts]:
+) -> dict[str, FileCounts]:
     """The three writes, in the order that makes a killed run safe to repeat."""
     _write_bronze(storage, config.bronze_path(source_name), source_name, outcome)
     _after(after_step, "bronze")
-    if outcome.quarantine.rows:
+    if outcome.quarantined:
         storage.create(config.quarantine_path, QUARANTINE_TABLE_SCHEMA, cdf=True)
         storage.merge(config.quarantine_path, outcome.quarantine, _QUARANTINE_MERGE)
     _after(after_step, "quarantine")
@@ -599,22 +473,21 @@ def _after(hook: StepHook | None, step: str) -> None:
         hook(step)
 
 
-def _write_bronze(storage: Storage, path: str, source_name: str, outcome: _Outcome) -> None:
-    if not outcome.events.rows:
+def _write_bronze(storage: Storage, path: str, source_name: str, outcome: Outcome) -> None:
+    if not outcome.event_count:
         return
-    rows = outcome.events
     if not storage.exists(path):
         if not outcome.row_schema.fields:
             raise InputError(
                 f"source {source_name!r}: the first events have no row columns to create bronze with "
                 "(only truncates, or images holding only nulls)"
             )
-        storage.create(path, rows.schema, cdf=True)
+        storage.create(path, outcome.event_schema, cdf=True)
     else:
         # New columns (nested ones too) are added and widened types widen before the write: a
         # MERGE would otherwise cast values back to the old type or fail on them.
-        storage.evolve(path, rows.schema)
-    storage.merge(path, rows, _BRONZE_MERGE)
+        storage.evolve(path, outcome.event_schema)
+    storage.merge(path, outcome.events, _BRONZE_MERGE)
 
 
 def _append_log(
@@ -623,13 +496,13 @@ def _append_log(
     path: str,
     source_name: str,
     pending: Sequence[LandedFile],
-    counts: Mapping[str, _FileCounts],
+    counts: Mapping[str, FileCounts],
     ingested_at: datetime,
 ) -> None:
     """One row per file read, including files without a single line (built on the driver)."""
     rows = []
     for f in pending:
-        c = counts.get(f.name, _FileCounts())
+        c = counts.get(f.name, FileCounts())
         modified = (
             None if f.modified_ms is None else datetime.fromtimestamp(f.modified_ms / 1000, timezone.utc)
         )
@@ -642,18 +515,6 @@ def _append_log(
     if not storage.create(path, INGEST_LOG_SCHEMA, cdf=True):
         storage.evolve(path, INGEST_LOG_SCHEMA)  # a log written before it kept modified_at, content_md5
     storage.append(path, from_arrow(spark, INGEST_LOG_SCHEMA, table))
-
-
-def _counts_by_file(lines: pa.Table) -> dict[str, _FileCounts]:
-    """Per-file outcome counts of the batch's lines (on the driver)."""
-    grouped = lines.group_by(["_file", "__kind"]).aggregate([("_line", "count")]).to_pylist()
-    by_file: dict[str, dict[str, int]] = {}
-    for row in grouped:
-        by_file.setdefault(row["_file"], {})[row["__kind"]] = row["_line_count"]
-    return {
-        name: _FileCounts(sum(k.values()), k.get("event", 0), k.get("quarantine", 0), k.get("tombstone", 0))
-        for name, k in by_file.items()
-    }
 
 
 def _listing_since(storage: Storage, config: PipelineConfig) -> datetime | None:

@@ -367,7 +367,7 @@ def pipeline_again(config: PipelineConfig) -> PipelineConfig:
 
 
 def test_a_json_array_file_is_quarantined_once_with_one_reason(spark, storage, tmp_path):
-    from cdc_join.ingest import JSON_ARRAY_REASON
+    from cdc_join.batch_outcome import JSON_ARRAY_REASON
 
     config = pipeline(tmp_path)
     events = [json.loads(event("c", {"id": i}, i)) for i in (1, 2)]
@@ -389,7 +389,7 @@ def test_a_json_array_file_is_quarantined_once_with_one_reason(spark, storage, t
 def test_a_file_spark_cannot_read_is_quarantined_whole_and_the_others_are_ingested(spark, storage, tmp_path):
     import gzip
 
-    from cdc_join.ingest import UNREADABLE_REASON
+    from cdc_join.batch_outcome import UNREADABLE_REASON
 
     config = pipeline(tmp_path)
     folder = Path(config.sources["customers"].landing or "")
@@ -512,43 +512,37 @@ def test_placeholders_for_values_debezium_could_not_read_are_counted_and_the_run
     assert f"WARNING: {warning}" in report.summary()
 
 
-def test_unavailable_values_counts_text_bytes_and_text_lists_of_the_after_images():
-    import pyarrow as pa
+def test_unavailable_checks_find_text_bytes_and_text_lists_of_the_after_images(spark):
+    from pyspark.sql.types import ArrayType, BinaryType, LongType, StringType, StructField, StructType
 
-    from cdc_join.debezium.unavailable import UNAVAILABLE_VALUE, unavailable_values
+    from cdc_join.debezium.unavailable import UNAVAILABLE_VALUE, unavailable_checks
 
     ph = UNAVAILABLE_VALUE
-    kind = pa.struct(
+    kind = StructType(
         [
-            ("s", pa.string()),
-            ("ls", pa.large_string()),
-            ("b", pa.binary()),
-            ("l", pa.list_(pa.string())),
-            ("n", pa.int64()),
-            ("st", pa.struct([("inner", pa.string())])),
+            StructField("s", StringType()),
+            StructField("b", BinaryType()),
+            StructField("l", ArrayType(StringType())),
+            StructField("n", LongType()),
+            StructField("st", StructType([StructField("inner", StringType())])),
         ]
     )
     rows = [
-        {"s": ph, "ls": ph, "b": ph.encode(), "l": [ph, ph], "n": 1, "st": {"inner": ph}},
-        {"s": "x", "ls": None, "b": b"x", "l": [None, ph], "n": None, "st": None},
-        None,  # an event without an after image (a delete)
+        ({"s": ph, "b": bytearray(ph.encode()), "l": [ph, ph], "n": 1, "st": {"inner": ph}},),
+        ({"s": "x", "b": bytearray(b"x"), "l": [None, ph], "n": None, "st": None},),
+        (None,),  # an event without an after image (a delete)
+        ({"s": ph, "b": None, "l": None, "n": 2, "st": None},),
+        # A bytea column of payload-only events is text: the placeholder's bytes in base64.
+        ({"s": base64.b64encode(ph.encode()).decode(), "b": None, "l": [], "n": 3, "st": None},),
+        ({"s": "y", "b": None, "l": ["z", None], "n": 4, "st": None},),
     ]
-    later = [{"s": ph, "ls": "y", "b": None, "l": None, "n": 2, "st": None}]
-    # A bytea column of payload-only events is text: the placeholder's bytes in base64.
-    as_base64 = [{"s": base64.b64encode(ph.encode()).decode(), "ls": None, "b": None, "l": [], "n": 3}]
-    # Null images over non-empty values (Arrow lets a null slot cover anything).
-    values = pa.array([[ph], ["z"]], pa.list_(pa.string()))
-    children = [pa.array([ph, ph]), pa.nulls(2, pa.large_string()), pa.nulls(2, pa.binary()), values]
-    children += [pa.nulls(2, pa.int64()), pa.nulls(2, kind.field("st").type)]
-    masked = pa.StructArray.from_arrays(
-        children,
-        fields=list(kind),
-        mask=pa.array([True, False]),
-    )
-    after = pa.chunked_array([pa.array(rows, kind), pa.array(later, kind), pa.array(as_base64, kind), masked])
+    frame = spark.createDataFrame(rows, StructType([StructField("__after", kind)]))
 
-    assert unavailable_values(after) == {"s": 4, "ls": 1, "b": 1, "l": 2}
-    assert unavailable_values(pa.chunked_array([], kind)) == {}
+    checks = unavailable_checks(kind, "__after")
+
+    assert sorted(checks) == ["b", "l", "s"]  # nothing else can hold the placeholder
+    sums = [f"sum(CASE WHEN {check} THEN 1 ELSE 0 END) AS {name}" for name, check in checks.items()]
+    assert frame.selectExpr(*sums).first().asDict() == {"s": 3, "b": 1, "l": 2}
 
 
 def test_files_a_run_does_not_read_by_their_names_are_named_in_a_warning_every_run_and_by_verify(
@@ -646,7 +640,6 @@ def test_a_bronze_of_older_versions_keeps_the_rule_they_read_from_it(spark, stor
     like that goes on with that rule: switching to the whole rule now would order new events
     below those of the batches in between."""
     import pyarrow.compute as pc
-    from deltalake import write_deltalake
 
     from cdc_join.ingest import recorded_sequence
 
@@ -659,13 +652,20 @@ def test_a_bronze_of_older_versions_keeps_the_rule_they_read_from_it(spark, stor
         "source.change_lsn",
         "source.event_serial_no",
     )
-    table = DeltaTable(path).to_pyarrow_table()
+    table = storage.read_arrow(path)
     nulls = ',"source.change_lsn":null,"source.event_serial_no":null'
     old = pc.replace_substring(table.column("_seq_values"), nulls, "")
     column = table.schema.get_field_index("_seq_values")
-    write_deltalake(path, table.set_column(column, "_seq_values", old), mode="overwrite")
+    _rewrite(spark, storage, path, table.set_column(column, "_seq_values", old))
 
     assert recorded_sequence(storage, path) == ("source.commit_lsn",)
+
+
+def _rewrite(spark, storage, path: str, table) -> None:
+    """Replace a table's rows with ``table`` (as a version that wrote them so would have)."""
+    from cdc_join.changeset import from_arrow
+
+    storage.overwrite(path, from_arrow(spark, storage.schema(path), table))
 
 
 def _postgres(op: str, name: str, sequence: list, snapshot: str = "false") -> str:
@@ -689,7 +689,6 @@ def test_a_postgres_bronze_of_older_versions_goes_on_with_its_encoding(spark, st
     that encoding, with or without ``connector: postgresql``: encoded the new way, a change
     would compare with the old rows by a different rule. A new lake takes the new encoding."""
     import pyarrow as pa
-    from deltalake import write_deltalake
 
     from cdc_join.debezium import SEQ_SEPARATOR
     from cdc_join.ingest import legacy_warnings, recorded_sequence
@@ -709,7 +708,7 @@ def test_a_postgres_bronze_of_older_versions_goes_on_with_its_encoding(spark, st
     new = ("source.sequence", "source.lsn", "source.snapshot")
     assert recorded_sequence(storage, path) == new
     # the row as versions before 2026-11-28 wrote it
-    table = DeltaTable(path).to_pyarrow_table()
+    table = storage.read_arrow(path)
     old_values = json.dumps(
         {"source.sequence": json.dumps([None, "8"]), "source.lsn": "8"}, separators=(",", ":")
     )
@@ -717,7 +716,7 @@ def test_a_postgres_bronze_of_older_versions_goes_on_with_its_encoding(spark, st
     for name, value in (("_seq_values", old_values), ("_seq", old_seq)):
         column = pa.array([value] * table.num_rows, table.schema.field(name).type)
         table = table.set_column(table.schema.get_field_index(name), name, column)
-    write_deltalake(path, table, mode="overwrite")
+    _rewrite(spark, storage, path, table)
     assert recorded_sequence(storage, path) == ("source.sequence", "source.lsn")
     later = [_postgres("u", "streamed", ["9", "10"]), _postgres("r", "snapshot again", [None, "12"], "true")]
     land(config, "002.jsonl", "\n".join(later) + "\n")
