@@ -6,9 +6,10 @@ aggregation job counts them per file and outcome, with the placeholders of value
 could not read per column, and finds the files holding one JSON array instead of JSON lines
 (their lines are no events, whatever some of them parse to: such a file becomes one quarantined
 line saying so). Only those counts reach the driver; the events and quarantined lines stay lazy
-frames over the cache, which bronze's and quarantine's MERGEs read. So driver memory does not
-grow with the batch (an initial snapshot can be millions of events), and on the delta-spark
-backend bronze is written by Spark without a round trip through Python.
+frames over the cache, which bronze's and quarantine's MERGEs read. On the delta-spark backend
+driver memory therefore does not grow with the batch (an initial snapshot can be millions of
+events): bronze is written by Spark, without a round trip through Python. The delta-rs backend
+merges on the driver, so it takes the events there as Arrow, as it does every write's rows.
 """
 
 from __future__ import annotations
