@@ -408,6 +408,26 @@ def test_a_file_spark_cannot_read_is_quarantined_whole_and_the_others_are_ingest
     assert ingest_source(spark, storage, config, "customers").files == 0
 
 
+def test_a_batch_of_unreadable_files_only_is_quarantined_and_logged_without_bronze(spark, storage, tmp_path):
+    import gzip
+
+    from cdc_join.batch_outcome import UNREADABLE_REASON
+
+    config = pipeline(tmp_path)
+    folder = Path(config.sources["customers"].landing or "")
+    whole = gzip.compress((event("c", {"id": 1}, 1) + "\n").encode() * 50)
+    (folder / "cut.jsonl.gz").write_bytes(whole[: len(whole) // 2])
+
+    report = ingest_source(spark, storage, config, "customers")
+
+    assert (report.files, report.events, report.quarantined) == (1, 0, 1)
+    assert report.reasons and all(r.startswith(UNREADABLE_REASON) for r in report.reasons)
+    assert not storage.exists(config.bronze_path("customers"))
+    [row] = storage.read(config.quarantine_path).collect()
+    assert (row._file, row._line) == ("cut.jsonl.gz", 0)
+    assert ingest_source(spark, storage, config, "customers").files == 0
+
+
 @pytest.fixture
 def small_splits(spark, monkeypatch):
     """Files are read in splits of 1 KiB, so a file of a few KiB is read by several tasks."""
