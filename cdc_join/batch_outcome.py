@@ -166,7 +166,7 @@ class _Tally:
 def _tally(classified: DataFrame, row: StructType) -> _Tally:
     """Per file: its lines by outcome, its events' placeholders per column, and whether its
     first line opens a JSON array. One Spark job; a row per file and outcome comes back."""
-    checks = list(unavailable_checks(row, "__after").items()) if row.fields else []
+    checks = list(unavailable_checks(row, "__after").items())
     trimmed = f"TRIM(LEADING {lit(_LEADING_SPACE)} FROM coalesce(value, ''))"
     aggregates = [
         "count(*) AS n",
