@@ -1,15 +1,17 @@
 """What a parsed batch of landing lines comes to: the events and quarantined lines ingest
 writes, and their counts per file, without bringing the lines to the driver.
 
-The batch's classified lines (:func:`cdc_join.debezium.parse_events`) are cached in Spark. One
-aggregation job counts them per file and outcome, with the placeholders of values Debezium
-could not read per column, and finds the files holding one JSON array instead of JSON lines
-(their lines are no events, whatever some of them parse to: such a file becomes one quarantined
-line saying so). Only those counts reach the driver; the events and quarantined lines stay lazy
-frames over the cache, which bronze's and quarantine's MERGEs read. On the delta-spark backend
-driver memory therefore does not grow with the batch (an initial snapshot can be millions of
-events): bronze is written by Spark, without a round trip through Python. The delta-rs backend
-merges on the driver, so it takes the events there as Arrow, as it does every write's rows.
+The batch's classified lines (:func:`cdc_join.debezium.parse_events`) stay in Spark: a large
+batch's are cached, a small one's (read by one task) are parsed again by each write, which costs
+it less than the cache's Spark job. One aggregation job counts them per file and outcome, with
+the placeholders of values Debezium could not read per column, and finds the files holding one
+JSON array instead of JSON lines (their lines are no events, whatever some of them parse to:
+such a file becomes one quarantined line saying so). Only those counts reach the driver; the
+events and quarantined lines stay lazy frames, which bronze's and quarantine's MERGEs read. On
+the delta-spark backend driver memory therefore does not grow with the batch (an initial
+snapshot can be millions of events): bronze is written by Spark, without a round trip through
+Python. The delta-rs backend merges on the driver, so it takes the events there as Arrow, as it
+does every write's rows.
 """
 
 from __future__ import annotations
@@ -76,9 +78,10 @@ class Outcome:
         return sum(c.quarantined for c in self.counts.values())
 
     @classmethod
-    def of(cls, parsed: ParsedBatch, source_name: str, ingested_at: datetime) -> Outcome:
-        """Cache the classified lines and count them (one Spark job); the lines stay in Spark."""
-        classified = parsed.classified.persist()
+    def of(cls, parsed: ParsedBatch, source_name: str, ingested_at: datetime, *, cache: bool) -> Outcome:
+        """Count the classified lines (one Spark job); the lines stay in Spark, cached with
+        ``cache`` (else each write parses them again: cheaper for a few lines than a cache's job)."""
+        classified = parsed.classified.persist() if cache else parsed.classified
         try:
             tally = _tally(classified, parsed.row_schema)
         except BaseException:
@@ -108,7 +111,7 @@ class Outcome:
             ingested_at=ingested_at,
             unavailable=tally.unavailable,
             sequence_rule=parsed.sequence.name,
-            cached=(classified,),
+            cached=(classified,) if cache else (),
         )
 
     @classmethod

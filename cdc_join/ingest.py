@@ -76,6 +76,12 @@ from cdc_join.landing import (
 from cdc_join.paths import glob_escape, local_path
 from cdc_join.storage.base import MergeSpec, Storage
 
+#: A batch of landing files smaller than this is read, parsed and counted by one task and
+#: not cached: its aggregations then need no shuffle, and each shuffle or cache is a Spark job
+#: of its own (a query stage), which costs a small batch more than parsing its lines again
+#: for each write and a second core save it.
+ONE_TASK_BYTES = 4 * 1024 * 1024
+
 STEPS = ("bronze", "quarantine", "log")
 """The writes of one ingest, in order; ``after_step`` hooks see these names."""
 
@@ -358,10 +364,11 @@ def _ingest_files(
     after_step: StepHook | None,
 ) -> tuple[dict[str, FileCounts], dict[str, int], dict[str, int], str]:
     """Parse ``pending`` (one Spark job for the batch's schemas, one counting its lines: see
-    :mod:`cdc_join.batch_outcome`), then write from Spark's cache; return the outcome counts
-    per file, the quarantined lines per reason, per column the events holding Debezium's
-    placeholder for a value it could not read, and the name of the sequence rule the events
-    were ordered by ('' when no file could be read).
+    :mod:`cdc_join.batch_outcome`), then write them from Spark (from its cache for a batch of
+    :data:`ONE_TASK_BYTES` or more); return the outcome counts per file, the quarantined lines
+    per reason, per column the events holding Debezium's placeholder for a value it could not
+    read, and the name of the sequence rule the events were ordered by ('' when no file could be
+    read).
 
     A file Spark cannot read at all (a truncated gzip, say) fails the batch's job; then each
     file is tried alone, and those that fail are quarantined whole, with the reason, while the
@@ -401,19 +408,22 @@ def _parse(
 ) -> Outcome:
     bronze = config.bronze_path(source_name)
     known = _known_row(storage, bronze)
+    lines = read_lines(spark, files)
+    # A large batch is cached once parsed: the statistics job and the outcome's job then parse
+    # each line once.
+    large = sum(f.size for f in files) >= ONE_TASK_BYTES
     try:
-        # Cached once parsed: the statistics job and the outcome's job then parse each line once.
         parsed = parse_events(
-            read_lines(spark, files),
+            lines if large else lines.coalesce(1),
             config.sources[source_name],
             known,
-            cache=True,
+            cache=large,
             recorded=recorded_sequence(storage, bronze) if known is not None else None,
         )
     except ConfigError as e:
         raise ConfigError(e.message, key=e.key, path=config.config_path, hint=e.hint) from None
     try:
-        return Outcome.of(parsed, source_name, ingested_at)
+        return Outcome.of(parsed, source_name, ingested_at, cache=large)
     except BaseException:
         parsed.unpersist()
         raise

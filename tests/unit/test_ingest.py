@@ -70,6 +70,17 @@ def land_three_files(root: Path) -> PipelineConfig:
     return config
 
 
+@pytest.fixture(params=["one task", "cached"])
+def batch_path(request, monkeypatch) -> str:
+    """Each of ingest's two paths: a small batch read, parsed and counted by one task and parsed
+    again for each write; a large one (here every batch) cached once parsed, in several tasks."""
+    import cdc_join.ingest as ingest
+
+    if request.param == "cached":
+        monkeypatch.setattr(ingest, "ONE_TASK_BYTES", 0)
+    return request.param
+
+
 @pytest.fixture
 def landed(tmp_path) -> PipelineConfig:
     return land_three_files(tmp_path)
@@ -169,7 +180,7 @@ def test_a_byte_order_mark_and_a_final_cr_are_dropped_and_blank_lines_found_as_t
 
 @pytest.mark.parametrize("crash_after", ["bronze", "quarantine"])
 def test_a_run_killed_between_writes_is_completed_exactly_once_by_the_next(
-    spark, storage, landed, crash_after
+    spark, storage, landed, crash_after, batch_path
 ):
     def crash(step: str) -> None:
         if step == crash_after:
@@ -366,7 +377,7 @@ def pipeline_again(config: PipelineConfig) -> PipelineConfig:
     return dataclasses.replace(config, landing_lookback_hours=None)
 
 
-def test_a_json_array_file_is_quarantined_once_with_one_reason(spark, storage, tmp_path):
+def test_a_json_array_file_is_quarantined_once_with_one_reason(spark, storage, tmp_path, batch_path):
     from cdc_join.batch_outcome import JSON_ARRAY_REASON
 
     config = pipeline(tmp_path)
@@ -386,7 +397,9 @@ def test_a_json_array_file_is_quarantined_once_with_one_reason(spark, storage, t
     ]
 
 
-def test_a_file_spark_cannot_read_is_quarantined_whole_and_the_others_are_ingested(spark, storage, tmp_path):
+def test_a_file_spark_cannot_read_is_quarantined_whole_and_the_others_are_ingested(
+    spark, storage, tmp_path, batch_path
+):
     import gzip
 
     from cdc_join.batch_outcome import UNREADABLE_REASON
@@ -468,7 +481,7 @@ def test_a_batch_read_in_many_splits_ingests_the_same_rows(spark, storage, tmp_p
     assert quarantine_keys(storage, config) == EXPECTED_QUARANTINE
 
 
-def test_an_ingest_leaves_nothing_in_spark_s_cache(spark, storage, landed):
+def test_an_ingest_leaves_nothing_in_spark_s_cache(spark, storage, landed, batch_path):
     # The parsed lines are cached for the length of one batch: a scheduled job ingesting
     # every few minutes must not pin every batch it ever read in executor memory.
     if type(spark).__module__.startswith("pyspark.sql.connect"):
@@ -504,7 +517,7 @@ def _toasted(op: str, lsn: int, **after) -> str:
 
 
 def test_placeholders_for_values_debezium_could_not_read_are_counted_and_the_run_warns(
-    spark, storage, tmp_path
+    spark, storage, tmp_path, batch_path
 ):
     """PostgreSQL sends ``__debezium_unavailable_value`` for an unchanged TOASTed column when the
     table's REPLICA IDENTITY is not FULL (as text, base64 bytes, or an array element): silver
