@@ -491,6 +491,38 @@ def test_an_ingest_leaves_nothing_in_spark_s_cache(spark, storage, landed, batch
     assert spark.sparkContext._jsc.getPersistentRDDs().size() == cached_before
 
 
+@pytest.mark.parametrize("gzipped", [False, True], ids=["text", "gzipped"])
+def test_a_batch_is_cached_while_it_is_written_when_its_text_is_large_gzipped_files_by_their_text(
+    spark, storage, tmp_path, monkeypatch, gzipped
+):
+    import gzip
+
+    import cdc_join.ingest as ingest
+
+    if type(spark).__module__.startswith("pyspark.sql.connect"):
+        pytest.skip("cached RDDs are counted through the JVM, which Spark Connect does not expose")
+    config = pipeline(tmp_path)
+    text = ("\n".join(event("c", {"id": i}, i) for i in range(200)) + "\n").encode()
+    stored = gzip.compress(text) if gzipped else text
+    (
+        Path(config.sources["customers"].landing or "") / ("001.jsonl.gz" if gzipped else "001.jsonl")
+    ).write_bytes(stored)
+    # Over the file's size, under the text a gzipped file is taken to hold.
+    monkeypatch.setattr(ingest, "ONE_TASK_BYTES", 5 * len(stored))
+    cached_before = spark.sparkContext._jsc.getPersistentRDDs().size()
+    cached_while_written: list[int] = []
+
+    def count(step: str) -> None:
+        if step == "bronze":
+            cached_while_written.append(spark.sparkContext._jsc.getPersistentRDDs().size() - cached_before)
+
+    report = ingest_source(spark, storage, config, "customers", after_step=count)
+
+    assert report.events == 200
+    assert (cached_while_written[0] > 0) is gzipped
+    assert spark.sparkContext._jsc.getPersistentRDDs().size() == cached_before
+
+
 # -- Debezium's placeholder for a value it could not read -------------------------------------
 
 _TOASTED_ROW = [
