@@ -71,6 +71,7 @@ from cdc_join.landing import (
     list_folders,
     list_landing,
     read_lines,
+    text_bytes,
     unread_files,
 )
 from cdc_join.paths import glob_escape, local_path
@@ -81,10 +82,6 @@ from cdc_join.storage.base import MergeSpec, Storage
 #: of its own (a query stage), which costs a small batch more than parsing its lines again
 #: for each write and a second core save it.
 ONE_TASK_BYTES = 4 * 1024 * 1024
-
-#: How many bytes of text a gzipped landing file is taken to hold per byte of its size: a
-#: Debezium event's JSON compresses about tenfold (8 times without its schema, 10 to 20 with).
-GZIP_RATIO = 10
 
 STEPS = ("bronze", "quarantine", "log")
 """The writes of one ingest, in order; ``after_step`` hooks see these names."""
@@ -415,7 +412,7 @@ def _parse(
     lines = read_lines(spark, files)
     # A large batch is cached once parsed: the statistics job and the outcome's job then parse
     # each line once.
-    large = sum(f.size * (GZIP_RATIO if f.name.endswith(".gz") else 1) for f in files) >= ONE_TASK_BYTES
+    large = text_bytes(files) >= ONE_TASK_BYTES
     try:
         parsed = parse_events(
             lines if large else lines.coalesce(1),

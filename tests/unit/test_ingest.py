@@ -481,14 +481,19 @@ def test_a_batch_read_in_many_splits_ingests_the_same_rows(spark, storage, tmp_p
     assert quarantine_keys(storage, config) == EXPECTED_QUARANTINE
 
 
+def cached_rdds(spark) -> int:
+    """How many RDDs Spark holds cached (skips the test over Spark Connect, which hides the JVM)."""
+    if type(spark).__module__.startswith("pyspark.sql.connect"):
+        pytest.skip("cached RDDs are counted through the JVM, which Spark Connect does not expose")
+    return spark.sparkContext._jsc.getPersistentRDDs().size()
+
+
 def test_an_ingest_leaves_nothing_in_spark_s_cache(spark, storage, landed, batch_path):
     # The parsed lines are cached for the length of one batch: a scheduled job ingesting
     # every few minutes must not pin every batch it ever read in executor memory.
-    if type(spark).__module__.startswith("pyspark.sql.connect"):
-        pytest.skip("cached RDDs are counted through the JVM, which Spark Connect does not expose")
-    cached_before = spark.sparkContext._jsc.getPersistentRDDs().size()
+    cached_before = cached_rdds(spark)
     ingest_all(spark, storage, landed)
-    assert spark.sparkContext._jsc.getPersistentRDDs().size() == cached_before
+    assert cached_rdds(spark) == cached_before
 
 
 @pytest.mark.parametrize("gzipped", [False, True], ids=["text", "gzipped"])
@@ -499,8 +504,6 @@ def test_a_batch_is_cached_while_it_is_written_when_its_text_is_large_gzipped_fi
 
     import cdc_join.ingest as ingest
 
-    if type(spark).__module__.startswith("pyspark.sql.connect"):
-        pytest.skip("cached RDDs are counted through the JVM, which Spark Connect does not expose")
     config = pipeline(tmp_path)
     text = ("\n".join(event("c", {"id": i}, i) for i in range(200)) + "\n").encode()
     stored = gzip.compress(text) if gzipped else text
@@ -509,18 +512,18 @@ def test_a_batch_is_cached_while_it_is_written_when_its_text_is_large_gzipped_fi
     ).write_bytes(stored)
     # Over the file's size, under the text a gzipped file is taken to hold.
     monkeypatch.setattr(ingest, "ONE_TASK_BYTES", 5 * len(stored))
-    cached_before = spark.sparkContext._jsc.getPersistentRDDs().size()
+    cached_before = cached_rdds(spark)
     cached_while_written: list[int] = []
 
     def count(step: str) -> None:
         if step == "bronze":
-            cached_while_written.append(spark.sparkContext._jsc.getPersistentRDDs().size() - cached_before)
+            cached_while_written.append(cached_rdds(spark) - cached_before)
 
     report = ingest_source(spark, storage, config, "customers", after_step=count)
 
     assert report.events == 200
     assert (cached_while_written[0] > 0) is gzipped
-    assert spark.sparkContext._jsc.getPersistentRDDs().size() == cached_before
+    assert cached_rdds(spark) == cached_before
 
 
 # -- Debezium's placeholder for a value it could not read -------------------------------------
