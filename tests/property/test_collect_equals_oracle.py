@@ -21,12 +21,16 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 
 from tests.property.histories import change, current_rows, land, run_with_crashes
 from tests.property.test_silver_equals_oracle import _expected_value, _freeze
 from tests.support import make_pipeline, subscriptions
+
+# Examples, rounds or step boundaries set by CDC_JOIN_* variables: CI runs them deeper (-m depth).
+pytestmark = pytest.mark.depth
 
 TABLES = {
     "parents": {"id": "int64", "name": "string", "score": "decimal(10,2)"},

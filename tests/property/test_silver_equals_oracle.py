@@ -42,12 +42,16 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 
 from cdc_join.state import current_rows as current_rows_of
 from tests.property.histories import run_with_crashes
 from tests.support import SEQUENCE_BY_LSN, make_pipeline, subscriptions
+
+# Examples, rounds or step boundaries set by CDC_JOIN_* variables: CI runs them deeper (-m depth).
+pytestmark = pytest.mark.depth
 
 TABLES = {
     "lhs": {

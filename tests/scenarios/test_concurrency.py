@@ -15,10 +15,15 @@ import threading
 import warnings
 from collections.abc import Callable
 
+import pytest
+
 from cdc_join import runlog
 from cdc_join.errors import ConcurrentRunError
 from cdc_join.pipeline import Pipeline
 from tests.support import make_pipeline, silver_rows
+
+# Examples, rounds or step boundaries set by CDC_JOIN_* variables: CI runs them deeper (-m depth).
+pytestmark = pytest.mark.depth
 
 ROUNDS = int(os.environ.get("CDC_JOIN_RACE_ROUNDS", "3"))
 

@@ -30,7 +30,7 @@ import pytest
 
 from tests.support import make_pipeline, silver_rows
 
-pytestmark = pytest.mark.deep
+pytestmark = [pytest.mark.deep, pytest.mark.sigkill]
 
 TRIALS = int(os.environ.get("CDC_JOIN_KILL_TRIALS", "3"))
 SEED = int(os.environ.get("CDC_JOIN_KILL_SEED", "7"))
