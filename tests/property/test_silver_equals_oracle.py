@@ -27,7 +27,7 @@ Three tables: ``lhs`` joined to ``rhs`` on a composite foreign key ``(a, b)`` an
 The oracle recomputes, in plain Python from the delivered events, each source's current rows
 (compared with its state table: a wrong newest event shows there even when no silver row
 carries that row) and their join (compared with silver). Examples:
-``CDC_JOIN_PROPERTY_EXAMPLES`` (default 3; CI runs 6 more on delta-rs and 4 on delta-spark over
+``CDC_JOIN_PROPERTY_EXAMPLES`` (default 3; CI runs 4 more on delta-rs and 3 on delta-spark over
 Spark Connect), or ``CDC_JOIN_PROPERTY_PROFILE=slow`` for 300 with shrinking.
 """
 
