@@ -40,18 +40,6 @@ LOCAL_DEFAULTS = {
 }
 
 
-#: Settings a Connect client cannot change on a running session (Spark warns and ignores them).
-_STARTUP_ONLY = frozenset(
-    {
-        "spark.driver.memory",
-        "spark.driver.defaultJavaOptions",
-        "spark.ui.enabled",
-        "spark.ui.showConsoleProgress",
-        "spark.sql.codegen.cache.maxEntries",
-    }
-)
-
-
 def get_spark(
     app_name: str = "cdc_join",
     extra_conf: dict[str, str] | None = None,
@@ -81,17 +69,19 @@ def get_spark(
     if os.environ.get("DATABRICKS_RUNTIME_VERSION"):
         # The cluster's session is configured by the cluster; laptop defaults don't belong there.
         return SparkSession.builder.getOrCreate()
-    remote = os.environ.get("CDC_JOIN_SPARK_REMOTE")
-    if remote:
-        builder = SparkSession.builder.appName(app_name).remote(remote)
-    else:
-        builder = SparkSession.builder.appName(app_name).master(
-            os.environ.get("CDC_JOIN_SPARK_MASTER", "local[2]")
-        )
+    remote = os.environ.get(REMOTE_ENV)
+    if remote and remote.startswith("sc://"):
+        check_reachable(remote)
     conf = _local_conf(remote, extra_conf, storage)
-    for key, value in conf.items():
-        builder = builder.config(key, value)
-    spark = _start(builder, conf, quiet)
+    if delta_jars.resolves(extra_conf or {}, conf):
+        # Ivy's cache takes one resolution at a time; whoever waited finds the jars resolved.
+        with delta_jars.resolution_lock():
+            conf = _local_conf(remote, extra_conf, storage)
+            spark = _start(_builder(app_name, remote, conf), conf, quiet)
+            if "spark.jars.packages" in conf:
+                delta_jars.remember(conf["spark.jars.packages"], _resolved_jars(spark))
+    else:
+        spark = _start(_builder(app_name, remote, conf), conf, quiet)
     if quiet:
         quiet_query_context_logs()
     if not remote:
@@ -99,14 +89,67 @@ def get_spark(
     return spark
 
 
+def _builder(app_name: str, remote: str | None, conf: dict[str, str]) -> SparkSession.Builder:
+    builder = SparkSession.builder.appName(app_name)
+    if remote:
+        builder = builder.remote(remote)
+    else:
+        builder = builder.master(os.environ.get("CDC_JOIN_SPARK_MASTER", "local[2]"))
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    return builder
+
+
+def _resolved_jars(spark: SparkSession) -> str:
+    """The session's ``spark.jars``: with ``spark.jars.packages``, what Ivy resolved ("" if it
+    cannot be read)."""
+    try:
+        return spark.conf.get("spark.jars", "") or ""
+    except Exception:  # a session that does not give its static settings away
+        return ""
+
+
+#: The variable naming a Spark Connect server (or ``local[N]``, one this process starts).
+REMOTE_ENV = "CDC_JOIN_SPARK_REMOTE"
+#: Seconds to wait for a Spark Connect server to answer before giving up (the Connect client
+#: itself retries an unreachable server for about ten minutes).
+CONNECT_TIMEOUT_S = 10.0
+
+
+def check_reachable(remote: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
+    """Raise :class:`StorageError` within ``timeout`` seconds unless the Spark Connect server
+    ``remote`` (``sc://host[:port][/;params]``) answers: a gRPC channel built from the address
+    as the Connect client builds it (TLS, token) gets ready, which takes a server speaking
+    HTTP/2 behind it, not only an open port.
+
+    The error names the address and :data:`REMOTE_ENV`, which set it, so a scheduler sees a
+    failed job at once instead of a client retrying for minutes.
+    """
+    import grpc
+    from pyspark.sql.connect.client.core import DefaultChannelBuilder
+
+    builder = DefaultChannelBuilder(remote)
+    channel = builder.toChannel()
+    try:
+        grpc.channel_ready_future(channel).result(timeout=timeout)
+    except grpc.FutureTimeoutError:
+        raise StorageError(
+            f"the Spark Connect server at {builder.endpoint} (from {REMOTE_ENV}) did not answer "
+            f"within {timeout:g} s. Start the server, fix {REMOTE_ENV}, or unset it to run Spark "
+            "in this process"
+        ) from None
+    finally:
+        channel.close()
+
+
 def _local_conf(remote: str | None, extra_conf: dict[str, str] | None, storage: str | None) -> dict[str, str]:
-    """The settings of a session (or local Connect server) started here; none for a remote
-    Connect server, which has its own."""
+    """The settings of a session, or of a local Connect server (``local[N]``), started here:
+    the server is started in this process with every one of them, those only a start can set
+    (driver memory, Java options, the UI) too. None for a remote Connect server, which has its
+    own."""
     if remote and remote.startswith("sc://"):
         return {}
     conf = {**LOCAL_DEFAULTS, **(extra_conf or {})}
-    if remote:  # a Connect client cannot set these on its session
-        conf = {k: v for k, v in conf.items() if k not in _STARTUP_ONLY}
     wanted = storage if storage is not None else os.environ.get("CDC_JOIN_STORAGE", "")
     if (wanted or "").strip().lower() == "delta-spark":
         conf.update(delta_jars.session_conf(conf))

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -77,3 +78,15 @@ def test_a_run_prints_its_report_and_nothing_of_spark_s_start_up(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("cdc_join run 1: ")
     assert done.stderr == ""  # no log4j, NativeCodeLoader, SPARK_LOCAL_IP or JDK lines
+
+
+def test_an_unreachable_spark_connect_server_fails_within_seconds_naming_it(tmp_path):
+    # Nothing answers there: the Connect client alone would retry for about ten minutes.
+    config = _tiny(tmp_path)
+    env = {"CDC_JOIN_SPARK_REMOTE": "sc://127.0.0.1:9/;token=secret", "CDC_JOIN_STORAGE": "delta-rs"}
+    began = time.monotonic()
+    found = _python("-m", "cdc_join.cli", "status", config, env=env)
+    assert time.monotonic() - began < 60
+    assert found.returncode == 5, found.stderr
+    assert "Spark Connect server at 127.0.0.1:9 (from CDC_JOIN_SPARK_REMOTE) did not answer" in found.stderr
+    assert "secret" not in found.stderr

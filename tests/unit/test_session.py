@@ -1,0 +1,109 @@
+"""The Spark session cdc_join starts: its settings on every kind of start, and the Delta jars
+taken from the cache once they were resolved."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from cdc_join import session
+from cdc_join.storage import delta_jars
+
+
+def test_a_local_connect_server_gets_every_local_setting():
+    # The server starts in this process: driver memory, Java options and the UI are its to set.
+    conf = session._local_conf("local[2]", {"spark.sql.shuffle.partitions": "1"}, "delta-rs")
+    assert conf["spark.driver.memory"] == session.LOCAL_DEFAULTS["spark.driver.memory"]
+    assert "-XX:-DontCompileHugeMethods" in conf["spark.driver.defaultJavaOptions"]
+    assert conf["spark.ui.enabled"] == "false"
+    assert conf["spark.sql.shuffle.partitions"] == "1"
+    assert session._local_conf("sc://host:15002", None, "delta-spark") == {}  # a server of its own
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """An Ivy cache of its own, holding one resolved jar."""
+    monkeypatch.setattr(delta_jars, "cache_dir", lambda: tmp_path / "ivy")
+    jars = tmp_path / "ivy" / "jars"
+    jars.mkdir(parents=True)
+    jar = jars / "io.delta_delta-spark_4.2_2.13-4.4.0.jar"
+    jar.write_bytes(b"jar")
+    return jar
+
+
+def test_jars_resolved_once_are_given_from_the_cache_without_asking_a_repository(cache):
+    package = delta_jars.delta_package()
+    first = delta_jars.session_conf({})
+    assert first["spark.jars.packages"] == package and delta_jars.resolves({}, first)
+    other = cache.parent / "org.slf4j_slf4j-api-2.0.13.jar"
+    other.write_bytes(b"jar")
+    found = f"file://{cache},file://{other},file:///elsewhere/x.jar"
+    assert delta_jars.remember(package, found) == [str(cache), str(other)]
+    again = delta_jars.session_conf({"spark.jars": "/mine.jar"})
+    assert "spark.jars.packages" not in again and "spark.jars.ivySettings" not in again
+    assert again["spark.jars"] == f"/mine.jar,{cache},{other}"
+    assert not delta_jars.resolves({}, again)
+    other.unlink()  # a jar gone from the cache: resolve again
+    assert delta_jars.session_conf({})["spark.jars.packages"] == package
+
+
+def test_a_caller_s_own_packages_are_left_alone(cache):
+    conf = delta_jars.session_conf({"spark.jars.packages": "g:a:1"})
+    assert "spark.jars" not in conf and not delta_jars.resolves({"spark.jars.packages": "g:a:1"}, conf)
+
+
+def test_one_process_at_a_time_resolves_into_the_cache(cache, tmp_path):
+    # A second process wanting the lock waits until the first lets it go.
+    script = textwrap.dedent(
+        f"""
+        import time
+        from pathlib import Path
+        from cdc_join.storage import delta_jars
+        delta_jars.cache_dir = lambda: Path({str(cache.parent.parent)!r})
+        with delta_jars.resolution_lock():
+            print(time.time(), flush=True)
+        """
+    )
+    with delta_jars.resolution_lock():
+        child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+        time.sleep(2.0)
+        released = time.time()
+    taken = float(child.communicate(timeout=60)[0])
+    assert taken >= released
+
+
+def test_the_lock_is_held_by_one_thread_of_a_process_at_a_time(cache):
+    held, order = threading.Event(), []
+
+    def other():
+        held.wait(10)
+        with delta_jars.resolution_lock():
+            order.append("other")
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    with delta_jars.resolution_lock():
+        held.set()
+        time.sleep(0.5)
+        order.append("first")
+    thread.join(10)
+    assert order == ["first", "other"]
+
+
+def test_an_unreachable_connect_server_is_refused_within_the_deadline():
+    began = time.monotonic()
+    with pytest.raises(session.StorageError, match=r"127\.0\.0\.1:9 \(from CDC_JOIN_SPARK_REMOTE\)"):
+        session.check_reachable("sc://127.0.0.1:9/;token=t", timeout=1)
+    assert time.monotonic() - began < 10
+
+
+def test_the_session_started_here_has_every_local_setting(spark):
+    # Run over Spark Connect too (CI): a local Connect server is started by this process.
+    assert spark.conf.get("spark.driver.memory") == session.LOCAL_DEFAULTS["spark.driver.memory"]
+    assert "-XX:-DontCompileHugeMethods" in spark.conf.get("spark.driver.defaultJavaOptions")
+    assert spark.conf.get("spark.ui.enabled") == "false"
