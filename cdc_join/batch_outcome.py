@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
@@ -94,7 +95,8 @@ class Outcome:
         kept = f"_file NOT IN ({', '.join(lit(a) for a in arrays)})" if arrays else "true"
         quarantine = parsed.quarantine.filter(kept)
         if arrays:
-            opening = classified.filter(f"_line = 1 AND NOT ({kept})").selectExpr(
+            first = " OR ".join(f"(_file = {lit(a)} AND _line = {int(tally.arrays[a])})" for a in arrays)
+            opening = classified.filter(first).selectExpr(
                 f"{lit(source_name)} AS source",
                 "CAST(_file AS STRING) AS _file",
                 "CAST(_line AS BIGINT) AS _line",
@@ -163,24 +165,32 @@ class Outcome:
 class _Tally:
     counts: dict[str, FileCounts]
     unavailable: dict[str, int]
-    arrays: frozenset[str]
+    arrays: Mapping[str, int]
+    """The files holding a JSON array, with the number of the line that opens it."""
 
 
 def _tally(classified: DataFrame, row: StructType) -> _Tally:
     """Per file: its lines by outcome, its events' placeholders per column, and whether its
-    first line opens a JSON array. One Spark job; a row per file and outcome comes back."""
+    first line that is not blank opens a JSON array (blank lines are not classified). One
+    Spark job; a row per file and outcome comes back."""
     checks = list(unavailable_checks(row, "__after").items())
     trimmed = f"TRIM(LEADING {lit(_LEADING_SPACE)} FROM coalesce(value, ''))"
     aggregates = [
         "count(*) AS n",
-        f"coalesce(max(_line = 1 AND startswith({trimmed}, '[')), false) AS opens_array",
+        "min(_line) AS first_line",
+        f"min_by(startswith({trimmed}, '['), _line) AS opens_array",
         *(
             f"sum(CASE WHEN __kind = 'event' AND {check} THEN 1 ELSE 0 END) AS u{i}"
             for i, (_, check) in enumerate(checks)
         ),
     ]
     grouped = classified.groupBy("_file", "__kind").agg(*(F.expr(a) for a in aggregates)).collect()
-    arrays = frozenset(str(r["_file"]) for r in grouped if r["opens_array"])
+    first: dict[str, Any] = {}  # per file, the group holding its first classified line
+    for r in grouped:
+        known = first.get(str(r["_file"]))
+        if known is None or r["first_line"] < known["first_line"]:
+            first[str(r["_file"])] = r
+    arrays = {name: int(r["first_line"]) for name, r in first.items() if r["opens_array"]}
     by_file: dict[str, dict[str, int]] = {}
     unavailable: dict[str, int] = {}
     for r in grouped:

@@ -189,9 +189,10 @@ def read_lines(spark: SparkSession, files: Sequence[LandedFile]) -> DataFrame:
     """The lines of ``files`` as ``_file, _line (1-based), value``.
 
     Lines end at ``\\n`` only (a ``\\r`` before it and a leading byte-order mark are dropped);
-    the empty string after a final newline is not a line. A batch under
-    :data:`SPLIT_READ_BYTES` is read a file per row and split into lines (fewest Spark jobs: a
-    small batch's cost is its jobs); a larger one is read in splits by several tasks.
+    the empty string after a final newline is not a line. A batch of under
+    :data:`SPLIT_READ_BYTES` of text (:func:`text_bytes`: a gzipped file counts for what it
+    unpacks to) is read a file per row and split into lines (fewest Spark jobs: a small batch's
+    cost is its jobs); a larger one is read line by line, in splits by several tasks.
     """
     # _metadata.file_path is URL-encoded; '+' stays literal in it, so protect it from decoding.
     # A file's name is its path after its landing folder's (files of several folders may come).
@@ -203,7 +204,7 @@ def read_lines(spark: SparkSession, files: Sequence[LandedFile]) -> DataFrame:
     )
     name = f"CASE {cases} ELSE regexp_extract(__path, '[^/]*$', 0) END" if cases else "__name"
     paths = [glob_escape(f.path) for f in files]
-    if sum(f.size for f in files) < SPLIT_READ_BYTES:
+    if text_bytes(files) < SPLIT_READ_BYTES:
         numbered = _whole_files(spark, paths, path)
     else:
         numbered = _in_splits(spark, paths, path)

@@ -115,3 +115,13 @@ def test_the_docs_link_only_inside_the_repository():
 
 def test_the_readme_stays_short():
     assert len(README.splitlines()) < 200
+
+
+def test_a_landing_example_writes_under_a_temporary_name_then_renames():
+    # A run that lists a file while it is written would quarantine its partial last line, and
+    # the next run stop at a file that changed after it was ingested.
+    for block in _blocks("bash"):
+        for target in re.findall(r">\s*(landing/\S+)", block):
+            name = target.rsplit("/", 1)[-1]
+            assert name.startswith("_"), f"{target} is written under its final name"
+            assert re.search(rf"mv {re.escape(target)} \S+/{re.escape(name[1:])}", block), target

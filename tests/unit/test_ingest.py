@@ -127,6 +127,27 @@ def test_lines_are_numbered_exactly_from_one(spark, tmp_path, monkeypatch, split
     ]
 
 
+def test_a_gzipped_file_is_read_by_the_text_it_unpacks_to_not_its_size(spark, tmp_path, monkeypatch):
+    # A few KB of gzip can be GB of JSON: one row holding the whole text is not an option.
+    import gzip
+
+    import cdc_join.landing as landing
+
+    text = "".join(f'{{"n": {i}}}\n' for i in range(200))
+    folder = tmp_path / "landing"
+    folder.mkdir()
+    (folder / "batch.jsonl.gz").write_bytes(gzip.compress(text.encode()))
+    size = (folder / "batch.jsonl.gz").stat().st_size
+    monkeypatch.setattr(landing, "SPLIT_READ_BYTES", size * 2)  # its size under it, its text over
+
+    def whole(*args, **kwargs):
+        raise AssertionError("a gzipped file of much text was read as one row")
+
+    monkeypatch.setattr(landing, "_whole_files", whole)
+    lines = read_lines(spark, list_landing(spark, str(folder))).collect()
+    assert sorted((r._line, r.value) for r in lines) == [(i + 1, f'{{"n": {i}}}') for i in range(200)]
+
+
 @pytest.mark.parametrize("split_read_bytes", [0, 1 << 30], ids=["in splits", "whole files"])
 def test_malformed_utf8_in_a_line_becomes_the_replacement_character(
     spark, tmp_path, monkeypatch, split_read_bytes
@@ -385,15 +406,22 @@ def test_a_json_array_file_is_quarantined_once_with_one_reason(spark, storage, t
     events = [json.loads(event("c", {"id": i}, i)) for i in (1, 2)]
     land(config, "array.json", json.dumps(events, indent=2) + "\n")
     land(config, "one_line_array.json", json.dumps(events) + "\n")
+    # Its first line is blank: the array opens on the next one (whose element parses as an event).
+    land(
+        config,
+        "blank_then_array.json",
+        "\n  \n[\n" + json.dumps(events[0]) + ",\n" + json.dumps(events[1]) + "\n]\n",
+    )
     land(config, "ok.jsonl", event("c", {"id": 3}, 3) + "\n")
 
     report = ingest_source(spark, storage, config, "customers")
 
-    assert (report.events, report.quarantined) == (1, 2)
+    assert (report.events, report.quarantined) == (1, 3)
     assert bronze_keys(spark, storage, config) == [("ok.jsonl", 1)]
     rows = storage.read(config.quarantine_path).collect()
     assert sorted((r._file, r._line, r.reason) for r in rows) == [
         ("array.json", 1, JSON_ARRAY_REASON),
+        ("blank_then_array.json", 3, JSON_ARRAY_REASON),  # the line that opens it
         ("one_line_array.json", 1, JSON_ARRAY_REASON),
     ]
 
