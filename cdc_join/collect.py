@@ -40,17 +40,25 @@ from cdc_join.schemas import quote
 from cdc_join.storage import Storage
 
 
-def arrays(children: DataFrame, config: PipelineConfig, join: JoinConfig) -> DataFrame:
-    """Per parent named by live children: ``fk_*`` (the parent's key), ``_right`` (the array of
-    its children's rows, ordered by their key) and ``_right_seq`` (the newest child's sequence).
+def arrays(
+    children: DataFrame, config: PipelineConfig, join: JoinConfig, parents: DataFrame, *, few: bool = False
+) -> DataFrame:
+    """Per live parent named by live children: ``fk_*`` (the parent's key), ``_right`` (the
+    array of its children's rows, ordered by their key) and ``_right_seq`` (the newest child's
+    sequence).
 
     Args:
         children: child state rows, one per key (tombstones are left out here).
+        parents: the parents whose arrays are wanted, by the left's primary key columns (any
+            others ignored): live rows only. Children naming no such parent (a guest order, an
+            order landed before its customer, the orders of a deleted customer) belong to no
+            array, so they neither count for ``max_children`` nor cost a group.
+        few: ``parents`` are a few rows, broadcast to the semi-join.
     """
     child = config.sources[join.right]
     live = children.filter(~F.col(DELETED))
     named = functools.reduce(operator.and_, [F.col(quote(c)).isNotNull() for c in join.foreign_key])
-    live = live.filter(named)
+    live = _of_parents(live.filter(named), config, join, parents, few)
     check_sizes(live, config, join)
     values = state.value_fields(live.schema)
     item = F.struct(
@@ -62,6 +70,25 @@ def arrays(children: DataFrame, config: PipelineConfig, join: JoinConfig) -> Dat
         F.sort_array(F.collect_list(item)).alias("__items"), F.max(SEQ).alias(RIGHT_SEQ)
     )
     return grouped.select(*fk_columns(join), F.expr("transform(__items, x -> x.r)").alias(RIGHT), RIGHT_SEQ)
+
+
+def _of_parents(
+    children: DataFrame, config: PipelineConfig, join: JoinConfig, parents: DataFrame, few: bool
+) -> DataFrame:
+    """The children whose foreign key names one of ``parents`` (a semi-join on the key)."""
+    fks = fk_columns(join)
+    keys = parents.select(
+        *[F.col(quote(p)).alias(f) for p, f in zip(config.left_source.primary_key, fks, strict=True)]
+    )
+    keys = F.broadcast(keys) if few else keys
+    same = [F.col(quote(c)) == keys[quote(f)] for c, f in zip(join.foreign_key, fks, strict=True)]
+    return children.join(keys, functools.reduce(operator.and_, same), "left_semi")
+
+
+def live_parents(left_rows: DataFrame) -> DataFrame:
+    """The live rows of state-shaped left rows (tombstones included): the parents that hold an
+    array."""
+    return left_rows.filter(~F.col(DELETED))
 
 
 def element_type(child_schema: StructType) -> ArrayType:
@@ -116,9 +143,9 @@ def children_of(
     changed: ChangeSet | None,
     pinned: Mapping[str, int],
 ) -> DataFrame:
-    """:func:`arrays` of some parents (``parents``: the left key columns), from the children
-    their subscriptions name and the children that changed in this run (whose subscriptions
-    are written after silver), read by key at the pinned version."""
+    """:func:`arrays` of some live parents (``parents``: the left key columns), from the
+    children their subscriptions name and the children that changed in this run (whose
+    subscriptions are written after silver), read by key at the pinned version."""
     child = config.sources[join.right]
     fks, child_pks = fk_columns(join), pk_columns(child)
     wanted = parents.renamed(dict(zip(config.left_source.primary_key, fks, strict=True)))
@@ -133,11 +160,9 @@ def children_of(
     path, version = config.state_path(join.right), pinned[join.right]
     found_keys = ChangeSet.concat(keys, child_pks) if keys else None
     if found_keys is None or not found_keys.rows:
-        return arrays(storage.read(path, version).limit(0), config, join)
+        return arrays(storage.read(path, version).limit(0), config, join, parents.frame, few=True)
     on = list(zip(child.primary_key, child_pks, strict=True))
     rows = state.read_current(storage, path, child.primary_key, version, keys=found_keys, on=on)
     # Only children whose current foreign key names one of the parents (a leftover
     # subscription may name a child that moved on).
-    same = [rows[quote(c)] == wanted.frame[quote(f)] for c, f in zip(join.foreign_key, fks, strict=True)]
-    mine = rows.join(F.broadcast(wanted.frame), functools.reduce(operator.and_, same), "left_semi")
-    return arrays(mine, config, join)
+    return arrays(rows, config, join, parents.frame, few=True)

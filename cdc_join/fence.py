@@ -48,12 +48,15 @@ class Fenced:
         storage: the backend.
         versions: per table path the run writes, its version when the run started (``None``:
             no table yet). Other paths pass through unchanged.
+        note: what every write of the run records in its commit (the attempt's
+            :func:`cdc_join.storage.commits.run_note`), unless the write gives its own.
     """
 
-    def __init__(self, storage: Storage, versions: Mapping[str, int | None]) -> None:
+    def __init__(self, storage: Storage, versions: Mapping[str, int | None], note: str | None = None) -> None:
         self.inner = storage
         self.name = storage.name
         self.spark = storage.spark
+        self.note = note
         self._seen: dict[str, int | None] = dict(versions)
 
     def versions(self) -> dict[str, int | None]:
@@ -164,21 +167,44 @@ class Fenced:
         return changed
 
     def append(
-        self, path: str, df: Rows, *, merge_schema: bool = False, expected_version: int | None = None
+        self,
+        path: str,
+        df: Rows,
+        *,
+        merge_schema: bool = False,
+        expected_version: int | None = None,
+        note: str | None = None,
     ) -> WriteMetrics:
         expected = self._expected(path, expected_version)
-        written = self.inner.append(path, df, merge_schema=merge_schema, expected_version=expected)
+        written = self.inner.append(
+            path, df, merge_schema=merge_schema, expected_version=expected, note=note or self.note
+        )
         return self._wrote(path, written)
 
     def overwrite(
-        self, path: str, df: Rows, *, expected_version: int | None = None, replace_schema: bool = False
+        self,
+        path: str,
+        df: Rows,
+        *,
+        expected_version: int | None = None,
+        replace_schema: bool = False,
+        note: str | None = None,
     ) -> WriteMetrics:
         expected = self._expected(path, expected_version)
-        written = self.inner.overwrite(path, df, expected_version=expected, replace_schema=replace_schema)
+        written = self.inner.overwrite(
+            path, df, expected_version=expected, replace_schema=replace_schema, note=note or self.note
+        )
         return self._wrote(path, written)
 
     def merge(
-        self, path: str, source: Rows, spec: MergeSpec, *, expected_version: int | None = None
+        self,
+        path: str,
+        source: Rows,
+        spec: MergeSpec,
+        *,
+        expected_version: int | None = None,
+        note: str | None = None,
     ) -> WriteMetrics:
         expected = self._expected(path, expected_version)
-        return self._wrote(path, self.inner.merge(path, source, spec, expected_version=expected))
+        written = self.inner.merge(path, source, spec, expected_version=expected, note=note or self.note)
+        return self._wrote(path, written)

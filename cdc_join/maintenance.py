@@ -36,7 +36,10 @@ The policy, per table, from its file statistics (no data is read to decide):
 
 A compaction is one overwrite that commits only if the table did not move while it was
 rewritten (so a run appending meanwhile makes it give up, never lose the run's rows), and it
-keeps, per key, the row an unfinished run still needs as its old image. It never vacuums, so
+keeps, per key, the row an unfinished run still needs as its old image. A state or subscription
+table that a run which did not commit wrote to since the last completed run is not compacted
+until a run has looked at those rows again (they are found by the files they were appended in,
+:mod:`cdc_join.commits`); the report says so. It never vacuums, so
 pinned versions of running jobs stay readable. With ``tombstone_horizon_days`` in the pipeline
 YAML, state compaction also drops delete tombstones whose event is older than that (default:
 kept forever, see :func:`cdc_join.state.compact` for what dropping them allows).
@@ -50,10 +53,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from cdc_join import state, subscription
+from cdc_join import commits, state, subscription
 from cdc_join.columns import fk_columns, target_file_size
 from cdc_join.config import PipelineConfig
-from cdc_join.runlog import last_checkpoint
+from cdc_join.runlog import Checkpoint, last_checkpoint
 from cdc_join.storage import FileStats, Storage
 
 #: Compact a state or subscription table once its loose files hold this share of its bytes ...
@@ -208,7 +211,8 @@ def optimize_pipeline(
         config: the pipeline.
         force: compact every table, whatever the policy says (e.g. after a large initial load).
     """
-    last_run = last_checkpoint(storage, config).run_id
+    checkpoint = last_checkpoint(storage, config)
+    last_run = checkpoint.run_id
     done = []
     for path, kind, cluster_by in pipeline_tables(config):
         if not storage.exists(path):
@@ -216,6 +220,10 @@ def optimize_pipeline(
         health = inspect(storage, path, target_file_size(kind), cluster_by)
         action = health.action or ("compact" if force else None)
         entry = health.as_dict()
+        keyed = kind in ("state", "subscription")
+        if action is not None and keyed and _unfinished(storage, path, checkpoint):
+            entry["skipped"] = UNFINISHED
+            action = None
         entry["action"] = action
         if action is not None:
             entry["rows_kept"] = _compact(storage, config, path, kind, last_run, purge=action == "purge")
@@ -228,6 +236,19 @@ def optimize_pipeline(
             )
         done.append(entry)
     return done
+
+
+#: Why a table is left uncompacted: a run's rows are in it and it has not committed.
+UNFINISHED = (
+    "a run that did not commit (killed, beaten by another, or still going) wrote to it since the "
+    "last completed run: the next run looks at those rows again; compact after it"
+)
+
+
+def _unfinished(storage: Storage, path: str, checkpoint: Checkpoint) -> bool:
+    """Whether a run that did not commit wrote rows to the table: the next run finds them by the
+    files they were appended in, which a compaction would rewrite (:mod:`cdc_join.commits`)."""
+    return commits.unfinished_since(storage, path, checkpoint.tables.get(path))
 
 
 def _compact(
@@ -254,7 +275,9 @@ def summary(results: list[Mapping[str, Any]]) -> str:
             shown += f", {r['loose_files']} outside key order ({r['loose_share']:.0%} of the bytes)"
         if r.get("deleted_share"):
             shown += f", {r['deleted_share']:.0%} of its stored rows deleted"
-        if r.get("action"):
+        if r.get("skipped"):
+            shown += f" → not compacted: {r['skipped']}"
+        elif r.get("action"):
             shown += f" → {r['action']}: {r.get('files_after')} files"
             if r.get("loose_share_after") is not None:
                 shown += f", {r['loose_share_after']:.0%} outside key order"

@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 
 from pyspark.sql import SparkSession
 
-from cdc_join import bronze, cost, resolve, run_paths, runlog, silver, state, verify
+from cdc_join import bronze, commits, cost, resolve, run_paths, runlog, silver, state, verify
 from cdc_join.config import PipelineConfig, check_addressing
 from cdc_join.fence import Fenced
 from cdc_join.ingest import ingest_all
@@ -78,7 +78,7 @@ class Pipeline:
             started = datetime.now(timezone.utc)
             begin = runlog.start(self.storage, self.config)
             # Every write on state, subscriptions and silver names the version this run read.
-            store = Fenced(self.storage, begin.tables)
+            store = Fenced(self.storage, begin.tables, commits.run_note())
             report = RunReport(begin.checkpoint.run_id + 1, kind, crash_after, self.progress)
             report.jobs = SparkJobs(self.spark)
             if ingest:
@@ -98,7 +98,7 @@ class Pipeline:
             return dataclasses.replace(previous, run_id=run_id)
         versions = ready.bronze_versions
         resolve.select_schema(store, cfg)  # a bad select fails here, before any state or silver write
-        types = silver.source_types(store, cfg)
+        types = silver.source_types(store, cfg, versions)
         changes = functools.cache(lambda: state.plan_all(store, cfg, previous, versions, run_id))
         with report.step("plan") as counts:
             keys = lambda: {name: c.keys.rows for name, c in changes().items()}  # noqa: E731

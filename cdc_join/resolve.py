@@ -278,7 +278,8 @@ def _right_rows_named(
     held = {config.left: left_rows}
     for join in config.joins:
         if join.collects:
-            parents = left_rows.distinct(list(config.left_source.primary_key))
+            live = left_rows.filtered(pc.invert(left_rows.table.column(DELETED)))
+            parents = live.distinct(list(config.left_source.primary_key))
             rows[join.alias] = collect.children_of(
                 storage, config, join, parents, changed.get(join.right), pinned
             )
@@ -556,6 +557,7 @@ def _build_from_whole_right(
             ),
             config,
             join,
+            collect.live_parents(left_rows),
         )
         if join.collects
         else lookup.right_rows(

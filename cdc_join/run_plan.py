@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cdc_join import cost, silver, state
+from cdc_join import commits, cost, silver
 from cdc_join.config import PipelineConfig
 from cdc_join.runlog import Checkpoint
 from cdc_join.storage import Storage
@@ -129,7 +129,7 @@ def _rebuild_reason(
     # left state re-hashed every left row, so the subscriptions it did not get to rebuild would
     # make every response stale; a rebuilt right state no longer holds the last run's rows).
     if not first_run and any(
-        state.rebuilt_since(storage, config.state_path(name), version, previous.run_id)
+        commits.rebuilt_since(storage, config.state_path(name), version)
         for name, version in previous.state_versions.items()
         if name in config.sources
     ):

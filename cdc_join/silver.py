@@ -142,18 +142,31 @@ def _join_definition(config: PipelineConfig, join: JoinConfig) -> list[Any]:
     return found if join.source == config.left else [*found, join.source]
 
 
-def source_types(storage: Storage, config: PipelineConfig) -> list[list[str]]:
-    """Each joined source's row type in bronze, as text.
+def source_types(
+    storage: Storage, config: PipelineConfig, versions: Mapping[str, int] | None = None
+) -> list[list[str]]:
+    """Each joined source's row type in bronze (at ``versions``, the ones a run pinned; default
+    the latest), as text.
 
     A ``select`` value may depend on a column's type, not only its value (``concat`` of a
     decimal whose scale grew, ``to_json`` of a row that gained a column, a float widened to
     double): when a type changes, the rows that did not change would keep values the new types
-    no longer give, so the definition records the types and a change recomputes every row.
+    no longer give, so the definition records the types and a change recomputes every row. The
+    types are those of the bronze a run read: an ingest that widens a type while the run works
+    is the next run's to apply, so the next run must see the change.
     """
-    return [
-        [name, storage.schema(config.bronze_path(name))["_after"].dataType.simpleString()]
-        for name in _joined(config)
-    ]
+
+    def row_type(name: str) -> str:
+        path = config.bronze_path(name)
+        pinned = None if versions is None else versions.get(name)
+        schema = (
+            storage.read(path, pinned).schema
+            if pinned is not None and storage.version(path) != pinned
+            else storage.schema(path)
+        )
+        return schema["_after"].dataType.simpleString()
+
+    return [[name, row_type(name)] for name in _joined(config)]
 
 
 def _joined(config: PipelineConfig) -> list[str]:

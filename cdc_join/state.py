@@ -40,7 +40,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from cdc_join import bronze
+from cdc_join import bronze, commits
 from cdc_join.bronze import Increment
 from cdc_join.changeset import (
     ChangeSet,
@@ -200,6 +200,9 @@ class SourceChanges:
     events: int
     watermark: str | None
     truncating: bool
+    unfinished: int = 0
+    """Keys (among ``keys``) of rows a run that did not commit appended after the last
+    completed run (:func:`cdc_join.commits.appended_files`): this run looks at them again."""
 
 
 def plan(
@@ -215,6 +218,12 @@ def plan(
     Creates the table, or widens it, for the increment's row type. The increment's keys and
     truncates are read from its rows on the driver when it has them (no Spark job); a new
     truncate costs one read of the whole table, to find the rows it removes.
+
+    The keys of rows that a run which did not commit appended after the last completed run are
+    changes of this run too, whatever its increment holds: a run that lost a race may have
+    appended rows of events the winner applied otherwise (a live row of an event a truncate
+    the loser had not seen removes), and written silver rows from them. Looking at their keys
+    again puts every such key right (one read of the files those runs added, after one only).
     """
     if increment is not None:
         row_type = increment.frame.schema["_after"].dataType
@@ -223,15 +232,21 @@ def plan(
             storage.evolve(path, state_schema(row_type))
     schema = storage.schema(path)
     key = list(source.primary_key)
+    redo = _unfinished_keys(storage, path, key, previous.version)
     if increment is None:
         nothing = empty(storage.spark, StructType([schema[c] for c in key]))
-        return SourceChanges(nothing, storage.read(path).limit(0), 0, previous.watermark, False)
+        keys = nothing if redo is None else redo
+        return SourceChanges(
+            keys, storage.read(path).limit(0), 0, previous.watermark, False, 0 if redo is None else redo.rows
+        )
     rows = conform(event_rows(increment.frame, source, run_id), schema)
     if increment.arrow is not None:
         keys, truncate_seq = _arrow_keys(storage, increment.arrow, source, schema)
         events = increment.arrow.num_rows
     else:
         keys, truncate_seq, events = _reduce(rows, key)
+    if redo is not None:
+        keys = ChangeSet.concat([keys, redo], key)
     known = [w for w in (previous.watermark, truncate_seq) if w is not None]
     watermark = max(known) if known else None
     truncating = watermark is not None and watermark != previous.watermark
@@ -240,7 +255,15 @@ def plan(
     upserts = rows.filter(F.col(OP) != "t")
     if watermark is not None:
         upserts = upserts.filter(F.col(SEQ) >= F.lit(watermark))
-    return SourceChanges(keys, upserts, events, watermark, truncating)
+    return SourceChanges(keys, upserts, events, watermark, truncating, 0 if redo is None else redo.rows)
+
+
+def _unfinished_keys(storage: Storage, path: str, key: list[str], version: int | None) -> ChangeSet | None:
+    """The keys of the rows runs that did not commit appended after ``version``, or ``None``."""
+    files = commits.appended_files(storage, path, version)
+    if not files:
+        return None
+    return materialize(storage.read(path, files=files).select(*quoted(key)).distinct())
 
 
 def plan_all(
@@ -373,8 +396,12 @@ def appended(images_set: ChangeSet) -> pa.Table:
 
 
 def changed(images_set: ChangeSet) -> ChangeSet:
-    """The keys of materialized :func:`images` whose row differs from the last completed run."""
-    return images_set.filtered(pc.invert(_same_order(images_set.table)))
+    """The keys of materialized :func:`images` whose row differs from the last completed run:
+    another event, or the same event hashed otherwise (a rebuild from bronze after a column
+    widened hashes 1 as 1.0): the subscriptions must carry the hash the state holds."""
+    table = images_set.table
+    same_hash = _same(table, HASH)
+    return images_set.filtered(pc.invert(pc.and_(_same_order(table), same_hash)))
 
 
 def append(storage: Storage, path: str, rows: pa.Table) -> int:
@@ -396,6 +423,7 @@ class Applied:
     watermark: str | None
     version: int
     truncate_applied: bool = False
+    unfinished: int = 0
 
     def as_counts(self) -> dict[str, int]:
         """The run report's counts for this source."""
@@ -405,6 +433,7 @@ class Applied:
             "appended": self.appended,
             "truncated": self.truncated,
             "truncate_applied": int(self.truncate_applied),
+            "unfinished_keys": self.unfinished,
         }
 
 
@@ -500,7 +529,14 @@ def applied(
     if done is None:
         nothing = empty(storage.spark, changes_schema(schema, source.primary_key))
         return Applied(
-            nothing, planned.events, 0, 0, planned.watermark, storage.version(path), planned.truncating
+            nothing,
+            planned.events,
+            0,
+            0,
+            planned.watermark,
+            storage.version(path),
+            planned.truncating,
+            planned.unfinished,
         )
     if NEW in done.schema.names:  # images: write the rows that changed, report the keys that did
         rows, keys = appended(done), changed(done)
@@ -511,7 +547,14 @@ def applied(
         int(pc.sum(pc.cast(pc.equal(rows.column(OP), "t"), pa.int64())).as_py() or 0) if rows.num_rows else 0
     )
     return Applied(
-        keys, planned.events, rows.num_rows, truncated, planned.watermark, version, planned.truncating
+        keys,
+        planned.events,
+        rows.num_rows,
+        truncated,
+        planned.watermark,
+        version,
+        planned.truncating,
+        planned.unfinished,
     )
 
 
@@ -555,15 +598,16 @@ def _tombstone(schema: StructType, key: list[str], watermark: str, run_id: int) 
 
 def _same_order(table: pa.Table) -> pa.ChunkedArray:
     """Per row of an images table: whether ``_old`` and ``_new`` are the same stored event."""
-    same = None
-    for name in (SEQ, FILE, LINE):
-        old = pc.struct_field(table.column(OLD), name)
-        new = pc.struct_field(table.column(NEW), name)
-        both_null = pc.and_(pc.is_null(old), pc.is_null(new))
-        equal = pc.fill_null(pc.equal(old, new), False)
-        part = pc.or_(both_null, equal)
-        same = part if same is None else pc.and_(same, part)
-    return same
+    return functools.reduce(pc.and_, [_same(table, name) for name in (SEQ, FILE, LINE)])
+
+
+def _same(table: pa.Table, name: str) -> pa.ChunkedArray:
+    """Per row of an images table: whether field ``name`` of ``_old`` and ``_new`` is equal,
+    or null in both."""
+    old = pc.struct_field(table.column(OLD), name)
+    new = pc.struct_field(table.column(NEW), name)
+    both_null = pc.and_(pc.is_null(old), pc.is_null(new))
+    return pc.or_(both_null, pc.fill_null(pc.equal(old, new), False))
 
 
 def from_events(events: DataFrame, source: SourceConfig, schema: StructType, run_id: int) -> DataFrame:
@@ -604,7 +648,7 @@ def rebuild(
         storage.evolve(path, schema)
     schema = storage.schema(path)
     rows = from_events(events, source, schema, run_id)
-    written = storage.overwrite(path, rows.orderBy(*quoted(source.primary_key)))
+    written = storage.overwrite(path, rows.orderBy(*quoted(source.primary_key)), note=commits.REBUILD)
     found = events.filter(F.col("_op") == "t").agg(F.max("_seq").alias("w")).first()
     return written.rows_inserted or 0, found["w"] if found is not None else None
 
@@ -624,25 +668,6 @@ def _truncated_value(field: StructField, key: list[str], run_id: int) -> Column:
     if field.name in key:
         return F.col(quote(field.name))
     return F.lit(None).cast(field.dataType)
-
-
-def rebuilt_since(storage: Storage, path: str, version: int, run_id: int) -> bool:
-    """Whether the state table was rebuilt after the last completed run (``run_id``, which
-    left it at ``version``): a full refresh stopped before it committed.
-
-    Then the table moved on and none of its rows is from a completed run (``_cdc_run`` ≤
-    ``run_id``); appends of a stopped incremental run keep the older rows, and compaction keeps
-    every row's run. Reads file statistics only, unless the table moved and they lack the run.
-    """
-    if not storage.exists(path) or storage.version(path) == version:
-        return False
-    lows = [f.min_values.get(RUN) for f in storage.files(path) if f.num_records != 0]
-    if not lows:
-        return False
-    if all(isinstance(low, int) for low in lows):
-        return min(lows) > run_id
-    oldest = storage.read(path).agg(F.min(RUN).alias("low")).first()
-    return oldest is not None and oldest["low"] is not None and oldest["low"] > run_id
 
 
 def read_current(
@@ -688,5 +713,7 @@ def compact(
         expired = F.col(DELETED) & F.col(TS_MS).isNotNull() & (F.col(TS_MS) < F.lit(tombstones_before_ms))
         live_keys = rows.filter(~expired).select(*quoted(key)).distinct()
         rows = rows.join(live_keys, [*key], "left_semi")
-    written = storage.overwrite(path, rows.orderBy(*quoted(key)), expected_version=version)
+    written = storage.overwrite(
+        path, rows.orderBy(*quoted(key)), expected_version=version, note=commits.COMPACTION
+    )
     return written.rows_inserted or 0

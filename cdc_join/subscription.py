@@ -40,6 +40,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType
 
+from cdc_join import commits
 from cdc_join.changeset import ChangeSet, arrow_schema, from_arrow, one_partition, same_values
 from cdc_join.columns import (
     DELETED,
@@ -357,7 +358,7 @@ def rebuild(
     )
     # A join whose foreign key changed under the same alias leaves the old fk columns behind.
     reshaped = set(storage.schema(path).names) != set(rows.columns)
-    return storage.overwrite(path, rows, replace_schema=reshaped).rows_inserted or 0
+    return storage.overwrite(path, rows, replace_schema=reshaped, note=commits.REBUILD).rows_inserted or 0
 
 
 def write_all(
@@ -433,4 +434,5 @@ def compact(storage: Storage, path: str, join: JoinConfig, left: SourceConfig, r
         F.lit(run_id).cast("long").alias(RUN_ID),
         F.lit(version + 1).cast("long").alias(WRITTEN),
     ).orderBy(*fk_columns(join), *pk_columns(left))
-    return storage.overwrite(path, rows, expected_version=version).rows_inserted or 0
+    written = storage.overwrite(path, rows, expected_version=version, note=commits.COMPACTION)
+    return written.rows_inserted or 0

@@ -26,7 +26,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, DataType, MapType, StructType
 
-from cdc_join import collect, lookup, resolve, runlog, state, subscription
+from cdc_join import collect, commits, lookup, resolve, runlog, state, subscription
 from cdc_join.columns import (
     ACTION,
     DELETED,
@@ -35,7 +35,6 @@ from cdc_join.columns import (
     LHS_HASH,
     LINE,
     RUN,
-    RUN_ID,
     SEQ,
     fk_columns,
     output_columns,
@@ -154,7 +153,9 @@ def expected_silver(
         raise ValueError(f"source must be one of {SOURCES}, not {source!r}")
     current = current or _current(storage, config, source, runlog.last_checkpoint(storage, config))
     right = {
-        join.alias: collect.arrays(current[join.right], config, join)
+        join.alias: collect.arrays(
+            current[join.right], config, join, collect.live_parents(current[config.left])
+        )
         if join.collects
         else _right_rows(current[join.right], config, join)
         for join in config.joins
@@ -184,34 +185,24 @@ def _settled(storage: Storage, config: PipelineConfig, name: str, checkpoint: Ch
 
 
 def unfinished(storage: Storage, config: PipelineConfig, checkpoint: Checkpoint) -> list[str]:
-    """The tables holding rows of a run after the last completed one: a run stopped before its
-    commit (or still going), whose rerun finishes its work. Empty when there is none.
+    """The tables a run wrote after the last completed one: a run stopped before its commit,
+    beaten by another, or still going, whose rerun finishes its work. Empty when there is none.
 
-    Read from file statistics of the run-id columns (compaction keeps every row's run). Every
-    run that changes silver first appends state rows (a rebuild rewrites them all), so a stopped
-    run shows in its state tables even when it only deleted silver rows; rows written by hand
-    or another tool carry no newer run id, and verify compares them as differences."""
-    found = []
-    for name in config.sources:
-        if _rows_after(storage, config.state_path(name), RUN, checkpoint.run_id):
-            found.append(f"state of {name}")
-    for join in config.joins:
-        if _rows_after(storage, config.subscription_path(join), RUN_ID, checkpoint.run_id):
-            found.append(f"subscriptions of {join.alias}")
-    if _rows_after(storage, config.silver_path, RUN_ID, checkpoint.run_id):
-        found.append("silver")
-    return found
-
-
-def _rows_after(storage: Storage, path: str, column: str, run_id: int) -> bool:
-    """Whether the table holds a row whose ``column`` (a run id) is greater than ``run_id``."""
-    if not storage.exists(path):
-        return False
-    highs = [f.max_values.get(column) for f in storage.files(path) if f.num_records != 0]
-    if all(isinstance(high, int) for high in highs):
-        return any(high > run_id for high in highs)
-    top = storage.read(path).agg(F.max(column).alias("high")).first()
-    return top is not None and top["high"] is not None and top["high"] > run_id
+    Read from the tables' commit logs (:mod:`cdc_join.commits`): a commit a run made (its note
+    says so) after the version the checkpoint recorded was made by a run that did not commit,
+    whatever run id its rows carry (a beaten run's are the winner's); a table the checkpoint
+    does not know (none before a first run) counts from its first commit. A commit made by hand
+    or by another tool carries no such note: verify compares what it wrote."""
+    tables = {
+        **{config.state_path(n): f"state of {n}" for n in config.sources},
+        **{config.subscription_path(j): f"subscriptions of {j.alias}" for j in config.joins},
+        config.silver_path: "silver",
+    }
+    return [
+        label
+        for path, label in tables.items()
+        if commits.unfinished_since(storage, path, checkpoint.tables.get(path))
+    ]
 
 
 def _right_rows(rows: DataFrame, config: PipelineConfig, join) -> DataFrame:  # type: ignore[no-untyped-def]

@@ -36,6 +36,9 @@ Rules every backend follows (the contract tests in ``tests/contract`` check them
   write commits only if the table is still at that version, else it raises
   :class:`~cdc_join.errors.ConcurrentRunError` (another writer committed first). This is how
   a run makes sure nothing else wrote silver or the run log while it worked.
+- ``append``, ``overwrite`` and ``merge`` record ``note`` (when given) as their commit's user
+  metadata, which ``history`` gives back as ``userMetadata``: which run attempt made a commit,
+  and what kind of write it was (:mod:`cdc_join.storage.commits`).
 - ``evolve`` grows a table's schema to hold ``schema`` by :mod:`cdc_join.schemas`' rules: new
   columns (nested ones too) are added, widened types change in place where the backend can
   (Delta type widening) and by rewriting the table once where it cannot. It returns whether
@@ -196,15 +199,33 @@ class Storage(Protocol):
     def read_changes(self, path: str, start_version: int, end_version: int | None = None) -> DataFrame: ...
 
     def append(
-        self, path: str, df: Rows, *, merge_schema: bool = False, expected_version: int | None = None
+        self,
+        path: str,
+        df: Rows,
+        *,
+        merge_schema: bool = False,
+        expected_version: int | None = None,
+        note: str | None = None,
     ) -> WriteMetrics: ...
 
     def overwrite(
-        self, path: str, df: Rows, *, expected_version: int | None = None, replace_schema: bool = False
+        self,
+        path: str,
+        df: Rows,
+        *,
+        expected_version: int | None = None,
+        replace_schema: bool = False,
+        note: str | None = None,
     ) -> WriteMetrics: ...
 
     def merge(
-        self, path: str, source: Rows, spec: MergeSpec, *, expected_version: int | None = None
+        self,
+        path: str,
+        source: Rows,
+        spec: MergeSpec,
+        *,
+        expected_version: int | None = None,
+        note: str | None = None,
     ) -> WriteMetrics: ...
 
     def delete(self, path: str, predicate: str | None = None) -> WriteMetrics: ...
@@ -288,8 +309,8 @@ def normalize_history_entry(entry: Mapping[str, Any]) -> dict[str, Any]:
 
     Keys: ``version`` (int), ``timestamp`` (aware UTC ``datetime``), ``operation`` (str),
     ``operationParameters`` (dict of str), ``operationMetrics`` (dict; integer-valued metrics
-    as ``int``). Metric names are the backend's own (delta-rs: ``num_target_rows_inserted``,
-    delta-spark: ``numTargetRowsInserted``).
+    as ``int``), ``userMetadata`` (str or ``None``). Metric names are the backend's own
+    (delta-rs: ``num_target_rows_inserted``, delta-spark: ``numTargetRowsInserted``).
     """
     ts = entry.get("timestamp")
     if isinstance(ts, (int, float)):
@@ -312,6 +333,7 @@ def normalize_history_entry(entry: Mapping[str, Any]) -> dict[str, Any]:
         "operation": entry.get("operation"),
         "operationParameters": params,
         "operationMetrics": metrics,
+        "userMetadata": entry.get("userMetadata"),
     }
 
 

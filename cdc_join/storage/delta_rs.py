@@ -152,13 +152,19 @@ def _delta_errors(action: str, path: str) -> Iterator[None]:
         raise
 
 
-def _guard(expected_version: int | None) -> CommitProperties | None:
-    """Commit properties that make a write fail if the table moved past ``expected_version``.
+def _guard(expected_version: int | None, note: str | None = None) -> CommitProperties | None:
+    """Commit properties that make a write fail if the table moved past ``expected_version``,
+    and record ``note`` as the commit's user metadata.
 
     The table is loaded at that version and the commit may not be retried on a newer one, so
     a concurrent writer that committed first makes this write fail (optimistic concurrency).
     """
-    return None if expected_version is None else CommitProperties(max_commit_retries=0)
+    if expected_version is None and note is None:
+        return None
+    return CommitProperties(
+        custom_metadata=None if note is None else {"userMetadata": note},
+        max_commit_retries=None if expected_version is None else 0,
+    )
 
 
 def table_root(path: str | os.PathLike[str]) -> str:
@@ -340,9 +346,10 @@ def _staged_write(
     rows: pa.RecordBatchReader,
     target: pa.Schema,
     mode: Literal["append", "overwrite"],
-    expected_version: int | None,
+    commit: CommitProperties | None,
 ) -> int:
-    """Write a stream of rows of any size into a table in one commit; returns the rows written.
+    """Write a stream of rows of any size into a table in one commit (with the ``commit``
+    properties); returns the rows written.
 
     Each stage goes to a staging table inside the table's folder as one batch, so delta-rs
     writes its files in order (with their statistics); the staged files are then committed to
@@ -361,9 +368,7 @@ def _staged_write(
         actions.append(
             AddAction(f"{folder}/{add['path']}", add["size"], {}, add["modificationTime"], True, stats or "")
         )
-    dt.create_write_transaction(
-        actions, mode=mode, schema=dt.schema(), commit_properties=_guard(expected_version)
-    )
+    dt.create_write_transaction(actions, mode=mode, schema=dt.schema(), commit_properties=commit)
     shutil.rmtree(os.path.join(staging, "_delta_log"), ignore_errors=True)
     return inserted
 
@@ -846,20 +851,39 @@ class DeltaRsStorage:
         return frame
 
     def append(
-        self, path: str, df: Rows, *, merge_schema: bool = False, expected_version: int | None = None
+        self,
+        path: str,
+        df: Rows,
+        *,
+        merge_schema: bool = False,
+        expected_version: int | None = None,
+        note: str | None = None,
     ) -> WriteMetrics:
-        """Append ``df``; with ``merge_schema`` its new columns are added to the table."""
+        """Append ``df``; with ``merge_schema`` its new columns are added to the table; ``note`` is
+        the commit's user metadata."""
         return self._write(
-            path, df, "append", expected_version, schema_mode="merge" if merge_schema else None
+            path, df, "append", expected_version, schema_mode="merge" if merge_schema else None, note=note
         )
 
     def overwrite(
-        self, path: str, df: Rows, *, expected_version: int | None = None, replace_schema: bool = False
+        self,
+        path: str,
+        df: Rows,
+        *,
+        expected_version: int | None = None,
+        replace_schema: bool = False,
+        note: str | None = None,
     ) -> WriteMetrics:
         """Replace every row of the table with ``df``: same schema, or ``df``'s with ``replace_schema``
-        (one commit; the table's history and properties stay)."""
+        (one commit; the table's history and properties stay); ``note`` is the commit's user
+        metadata."""
         return self._write(
-            path, df, "overwrite", expected_version, schema_mode="overwrite" if replace_schema else None
+            path,
+            df,
+            "overwrite",
+            expected_version,
+            schema_mode="overwrite" if replace_schema else None,
+            note=note,
         )
 
     def _write(
@@ -869,6 +893,7 @@ class DeltaRsStorage:
         mode: Literal["append", "overwrite"],
         expected_version: int | None,
         schema_mode: Literal["merge", "overwrite"] | None = None,
+        note: str | None = None,
     ) -> WriteMetrics:
         dt = self._load_for_write(path, expected_version)
         before_version, before = dt.version(), self._file_records(dt, path)
@@ -880,7 +905,7 @@ class DeltaRsStorage:
             try:
                 with _delta_errors(action, path):
                     rows = _spilled(df, os.path.join(scratch, "rows"))
-                    inserted = _staged_write(dt, root, rows, target, mode, expected_version)
+                    inserted = _staged_write(dt, root, rows, target, mode, _guard(expected_version, note))
             finally:
                 shutil.rmtree(scratch, ignore_errors=True)
             metrics = self._metrics_after(path, before_version, before, count_removed_rows=overwrite)
@@ -895,15 +920,22 @@ class DeltaRsStorage:
                 mode=mode,
                 schema_mode=schema_mode,
                 storage_options=self.storage_options,
-                commit_properties=_guard(expected_version),
+                commit_properties=_guard(expected_version, note),
             )
         metrics = self._metrics_after(path, before_version, before, count_removed_rows=overwrite)
         return replace(metrics, rows_inserted=int_or_none(metrics.extra["metrics"].get("num_added_rows")))
 
     def merge(
-        self, path: str, source: Rows, spec: MergeSpec, *, expected_version: int | None = None
+        self,
+        path: str,
+        source: Rows,
+        spec: MergeSpec,
+        *,
+        expected_version: int | None = None,
+        note: str | None = None,
     ) -> WriteMetrics:
-        """MERGE ``source`` (materialized as Arrow first) into the table as ``spec`` says."""
+        """MERGE ``source`` (materialized as Arrow first) into the table as ``spec`` says; ``note``
+        is the commit's user metadata."""
         if spec.delete_condition is None and not spec.update and not spec.insert:
             raise ValueError("MergeSpec has no clause: set delete_condition, update or insert")
         dt = self._load_for_write(path, expected_version)
@@ -928,7 +960,7 @@ class DeltaRsStorage:
                 merge_schema=spec.merge_schema and bool(new_columns),
                 # The source is in memory: let delta-rs use its statistics to prune target files.
                 streamed_exec=False,
-                commit_properties=_guard(expected_version),
+                commit_properties=_guard(expected_version, note),
             )
             if spec.delete_condition is not None:
                 merger = merger.when_matched_delete(spec.delete_condition)

@@ -664,7 +664,14 @@ class DeltaSparkStorage:
 
     def history(self, path: str, limit: int | None = None) -> list[dict[str, Any]]:
         """Commits newest first (see :func:`cdc_join.storage.base.normalize_history_entry`)."""
-        keys = ("version", "timestamp", "operation", "operationParameters", "operationMetrics")
+        keys = (
+            "version",
+            "timestamp",
+            "operation",
+            "operationParameters",
+            "operationMetrics",
+            "userMetadata",
+        )
         return [{k: e[k] for k in keys} for e in self._commits(path, limit)]
 
     def _commits(self, path: str, limit: int | None = None) -> list[dict[str, Any]]:
@@ -707,39 +714,64 @@ class DeltaSparkStorage:
     # ------------------------------------------------------------------ protocol: writes
 
     def append(
-        self, path: str, df: Rows, *, merge_schema: bool = False, expected_version: int | None = None
+        self,
+        path: str,
+        df: Rows,
+        *,
+        merge_schema: bool = False,
+        expected_version: int | None = None,
+        note: str | None = None,
     ) -> WriteMetrics:
-        """Append ``df``; with ``merge_schema`` its new columns are added to the table."""
+        """Append ``df``; with ``merge_schema`` its new columns are added to the table; ``note`` is
+        the commit's user metadata."""
         option = ("mergeSchema", "true") if merge_schema else None
-        return self._write(path, df, "append", option, expected_version)
+        return self._write(path, df, "append", option, expected_version, note)
 
     def overwrite(
-        self, path: str, df: Rows, *, expected_version: int | None = None, replace_schema: bool = False
+        self,
+        path: str,
+        df: Rows,
+        *,
+        expected_version: int | None = None,
+        replace_schema: bool = False,
+        note: str | None = None,
     ) -> WriteMetrics:
         """Replace every row of the table with ``df``: same schema, or ``df``'s with ``replace_schema``
-        (Delta's ``overwriteSchema``; one commit, history and properties stay)."""
+        (Delta's ``overwriteSchema``; one commit, history and properties stay); ``note`` is the
+        commit's user metadata."""
         option = ("overwriteSchema", "true") if replace_schema else None
-        return self._write(path, df, "overwrite", option, expected_version)
+        return self._write(path, df, "overwrite", option, expected_version, note)
 
     def _write(
-        self, path: str, rows: Rows, mode: str, option: tuple[str, str] | None, expected_version: int | None
+        self,
+        path: str,
+        rows: Rows,
+        mode: str,
+        option: tuple[str, str] | None,
+        expected_version: int | None,
+        note: str | None = None,
     ) -> WriteMetrics:
         df = _few_files(rows)
         self._check_version(path, expected_version)
+        replacing = option == ("overwriteSchema", "true")
+        if not replacing and self.exists(path):
+            df = _typed_before(df, self._stored(path).schema, path)
         if has_untyped(df.schema):
-            df = to_stored(df, None if option == ("overwriteSchema", "true") else self.schema(path))
+            df = to_stored(df, None if replacing else self.schema(path))
         if option is not None:
             self._enable_features(path, df.schema)
         writer = df.write.format("delta").mode(mode)
         if option is not None:
             writer = writer.option(*option)
-        guard = _Guard.of(expected_version)
+        guard = _Guard.of(expected_version, note)
         if guard is not None:
             writer = (
                 writer.option("txnAppId", GUARD_APP_ID)
                 .option("txnVersion", str(guard.txn_version))
                 .option("userMetadata", guard.token)
             )
+        elif note is not None:
+            writer = writer.option("userMetadata", note)
         with _spark_errors("append to" if mode == "append" else mode, path):
             self._save(writer, path)
         self._forget(path)
@@ -755,10 +787,17 @@ class DeltaSparkStorage:
         )
 
     def merge(
-        self, path: str, source: Rows, spec: MergeSpec, *, expected_version: int | None = None
+        self,
+        path: str,
+        source: Rows,
+        spec: MergeSpec,
+        *,
+        expected_version: int | None = None,
+        note: str | None = None,
     ) -> WriteMetrics:
         """``MERGE INTO`` as ``spec`` says, in SQL over a temporary view of the source (Delta
-        materializes the source when it must, see the module docstring)."""
+        materializes the source when it must, see the module docstring); ``note`` is the commit's
+        user metadata."""
         if spec.delete_condition is None and not spec.update and not spec.insert:
             raise ValueError("MergeSpec has no clause: set delete_condition, update or insert")
         self._check_version(path, expected_version)
@@ -781,9 +820,10 @@ class DeltaSparkStorage:
             self._enable_features(path, frame.schema)
         view = f"cdc_join_merge_{uuid.uuid4().hex}"
         frame.createOrReplaceTempView(view)
-        guard = _Guard.of(expected_version)
+        guard = _Guard.of(expected_version, note)
+        noted = _guard_confs(guard) if guard is not None else {} if note is None else {_USER_METADATA: note}
         try:
-            with _spark_errors("merge into", path), _session_confs(self.spark, _guard_confs(guard)):
+            with _spark_errors("merge into", path), _session_confs(self.spark, noted):
                 result = self.spark.sql(merge_sql(self._sql_ref(path), view, spec, plan)).collect()
         finally:
             self.spark.catalog.dropTempView(view)
@@ -1195,7 +1235,10 @@ class DeltaSparkStorage:
         # An empty range reads the latest version's changes and keeps none of them, so its
         # schema is exactly that of a non-empty feed.
         first, last = (latest, latest) if empty else (start_version, end)
-        changed = [] if empty else self._schema_changes(path, first, last)
+        # Up to the latest version, not only to the range's end: Delta reads a feed in the latest
+        # schema, so a type widened after ``last`` (an ingest that overlapped the reader) is
+        # as much in the way as one inside the range.
+        changed = [] if empty else self._schema_changes(path, first, latest)
         if changed:
             # Delta reads a feed in the latest schema and refuses, only once rows are read,
             # data written before a widened type; say so now, so the caller can read otherwise.
@@ -1273,10 +1316,12 @@ class _Guard:
         return self.expected + 1
 
     @staticmethod
-    def of(expected_version: int | None) -> _Guard | None:
+    def of(expected_version: int | None, note: str | None = None) -> _Guard | None:
+        """The guard of a write expecting ``expected_version``; its token starts with the
+        write's ``note``, which the commit's user metadata then carries."""
         if expected_version is None:
             return None
-        return _Guard(int(expected_version), f"cdc_join:{uuid.uuid4()}")
+        return _Guard(int(expected_version), f"{note or 'cdc_join'}:{uuid.uuid4()}")
 
 
 def _guard_confs(guard: _Guard | None) -> dict[str, str]:

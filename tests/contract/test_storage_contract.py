@@ -640,6 +640,23 @@ def test_a_merge_that_would_type_a_column_stored_untyped_asks_for_evolve_first(s
     assert spark_store.read(path).count() == 0
 
 
+@pytest.mark.parametrize("write", ["append", "overwrite"])
+def test_an_append_or_overwrite_that_would_type_a_column_stored_untyped_asks_for_evolve_first(
+    spark_store, spark, tmp_path, write
+):
+    # As a MERGE: the values would be cast to the string the column is stored as, and read as null.
+    path = str(tmp_path / "t")
+    untyped = StructType([StructField("id", LongType()), StructField("ar", ArrayType(NullType()))])
+    spark_store.create(path, untyped)
+    typed = spark.createDataFrame([(1, [7])], "id long, ar array<int>")
+    with pytest.raises(StorageError, match=r"'ar' .* has no type yet .* evolve"):
+        getattr(spark_store, write)(path, typed)
+    assert spark_store.read(path).count() == 0
+    spark_store.evolve(path, typed.schema)
+    getattr(spark_store, write)(path, typed)
+    assert [tuple(r) for r in spark_store.read(path).collect()] == [(1, [7])]
+
+
 def test_merge_without_any_clause_is_rejected(store, spark, tmp_path):
     path = str(tmp_path / "t")
     kv_table(store, spark, path)
@@ -768,6 +785,26 @@ def test_read_changes_across_a_schema_change(store, spark, tmp_path, later, row)
     assert (1, "insert") in got and (2, "insert") in got
     assert [f.name for f in changes.schema.fields][: len(wider.fields)] == wider.names
     assert changes.schema["n"].dataType == wider["n"].dataType
+
+
+def test_read_changes_before_a_later_schema_change(store, spark, tmp_path):
+    # An ingest that overlaps a run widens a type after the version the run pinned: the run
+    # still reads its range, in that range's rows (or is refused at the call, as above).
+    path = str(tmp_path / "t")
+    first = StructType([StructField("id", LongType(), False), StructField("n", IntegerType(), True)])
+    assert store.create(path, first)
+    start = store.version(path) + 1
+    store.append(path, spark.createDataFrame([(1, 7)], first))
+    pinned = store.version(path)
+    wider = spark.createDataFrame([(2, 2**40)], "id long, n long").schema
+    store.evolve(path, wider)
+    store.append(path, spark.createDataFrame([(2, 2**40)], wider))
+    try:
+        changes = store.read_changes(path, start, pinned)
+    except StorageError as refused:
+        assert "schema change" in str(refused)
+        return
+    assert [(r["id"], r["n"], r["_change_type"]) for r in changes.collect()] == [(1, 7, "insert")]
 
 
 def test_read_changes_needs_cdf(store, spark, tmp_path):

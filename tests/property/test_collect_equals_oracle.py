@@ -6,8 +6,11 @@ names, ordered by their key. The generators draw, for parents and kids: inserts,
 of a kid to another parent (one that exists, one that does not, or none), deletes, truncates;
 nulls in every value column (string, bigint, decimal, date); both envelopes; equal sequence
 values; batches shuffled, with duplicates and old events delivered again; runs and full
-refreshes killed after a random step, runs told to recompute. The oracle recomputes, in plain
-Python, each parent's children (compared with silver) and the kids' subscriptions.
+refreshes killed after a random step, runs told to recompute. Kids naming no parent (9, which
+never exists) come in numbers below and above the join's ``max_children``
+(``--hypothesis-show-statistics`` counts which), and so may a deleted parent's: they belong to
+no array and count for no cap. The oracle recomputes, in plain Python, each parent's children
+(compared with silver) and the kids' subscriptions.
 Examples: ``CDC_JOIN_COLLECT_EXAMPLES`` (default 2).
 """
 
@@ -46,6 +49,8 @@ SELECT = {
     "n": "size(kids)",
 }
 PARENTS, KIDS = [1, 2, 3, 4], ["a", "b", "c", "d", "e", "f"]
+#: Above the most kids a live parent can have (a to f, y and z): no run fails on a live parent.
+MAX_CHILDREN = 8
 RUN_CRASHES = ["ingest", "state", "state:kids", "plan", "resolve", "silver", "subscription:kids", "cleanup"]
 REFRESH_CRASHES = ["state:parents", "state:kids", "subscription:kids", "resolve", "silver"]
 PLANS = {"auto": ["auto"], "recompute": ["recompute"], "mixed": ["auto", "recompute"]}
@@ -132,13 +137,14 @@ def _silver(pipeline) -> set[tuple]:
     batches=st.integers(2, 4),
     seed=st.integers(0, 2**32 - 1),
     plans=st.sampled_from(sorted(PLANS)),
+    orphans=st.integers(0, 2 * MAX_CHILDREN),
 )
 def test_nested_children_equal_the_oracle_after_every_completed_run(
-    spark, storage, ops, payload_only, batches, seed, plans
+    spark, storage, ops, payload_only, batches, seed, plans, orphans
 ):
     rng = random.Random(seed)
     root = Path(tempfile.mkdtemp(prefix="cdc_join_collect_"))
-    joins = [{"right": "kids", "type": "collect", "foreign_key": ["parent"]}]
+    joins = [{"right": "kids", "type": "collect", "foreign_key": ["parent"], "max_children": MAX_CHILDREN}]
     pipeline, writer = make_pipeline(
         root,
         spark,
@@ -157,7 +163,9 @@ def test_nested_children_equal_the_oracle_after_every_completed_run(
         change("parents", "c", 8, _row("parents", 8, None, rng), 3),
         change("kids", "c", "y", _row("kids", "y", 8, rng), 4),
         change("kids", "c", "z", _row("kids", "z", 8, rng), 5),
+        *(change("kids", "c", f"o{i:02d}", _row("kids", f"o{i:02d}", 9, rng), 6) for i in range(orphans)),
     ]
+    event(f"kids naming no parent: {'above' if orphans > MAX_CHILDREN else 'up to'} max_children")
     delivered: list[dict] = []
     for number, batch in enumerate(_history(ops, rng, batches)):
         now = batch + (seeds if number == 0 else [])

@@ -152,3 +152,29 @@ def test_a_parent_with_more_children_than_max_children_fails_the_run_naming_it(t
     nested.delete("orders", 11)
     nested.run()
     assert nested.pipeline.verify().ok
+
+
+@pytest.mark.parametrize("plan", ["incremental", "recompute"])
+def test_children_naming_no_parent_count_for_no_cap_and_reach_no_row(tmp_path, spark, storage, plan):
+    # Guest orders, or orders landing before their customer: more of them than max_children
+    # under a customer that does not exist (7), or no longer does (2), jam no path.
+    nested = Nested(tmp_path, spark, storage, max_children=2)
+    nested.upsert("customers", {"id": 1, "name": "c1"}, {"id": 2, "name": "c2"})
+    nested.upsert("orders", {"id": 10, "cust": 1, "total": 1})
+    nested.upsert("orders", *[{"id": o, "cust": 7, "total": o} for o in (11, 12, 13)])
+    nested.run()
+    assert nested.silver() == {(1, "c1", (10,), (1,), 1), (2, "c2", (), (), 0)}
+    assert nested.pipeline.verify().ok
+    nested.upsert("orders", *[{"id": o, "cust": 2, "total": o} for o in (21, 22, 23)])
+    nested.delete("customers", 2)
+    nested.upsert("orders", {"id": 14, "cust": 7, "total": 14})
+    nested.run(plan=plan)
+    nested.pipeline.full_refresh()
+    assert nested.silver() == nested.expected() == {(1, "c1", (10,), (1,), 1)}
+    nested.upsert("customers", {"id": 3, "name": "c3"})
+    nested.run(plan=plan)
+    assert nested.pipeline.verify().ok
+    # A parent that comes into being with more children than the cap fails the run naming it.
+    nested.upsert("customers", {"id": 7, "name": "c7"})
+    with pytest.raises(InputError, match=r"max_children \(2\): \{'id': 7\}: 4 orders"):
+        nested.pipeline.run(plan=plan)

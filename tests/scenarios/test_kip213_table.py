@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support import make_pipeline, silver_rows
+from tests.support import LHS_RHS_TABLES, make_pipeline, silver_rows
 
 LHS = "lhs"
 RHS = "rhs"
@@ -79,12 +79,21 @@ STEPS = [
 ]
 
 
+#: Columns each table gets beside its own in the ``wide`` case: 40 in all, past the 32 whose file
+#: statistics Delta keeps (so the state tables keep none of cdc_join's columns, silver none of
+#: its run ids), as real tables of 25 columns or more.
+PADDING = {f"p{i:02d}": "int64" for i in range(37)}
+
+
+@pytest.mark.parametrize("width", ["narrow", "wide"])
 @pytest.mark.parametrize("join_type", ["inner", "left"])
-def test_kip213_table_of_lhs_events(tmp_path, spark, storage, join_type):
+def test_kip213_table_of_lhs_events(tmp_path, spark, storage, join_type, width):
+    tables = {t: {**cols, **(PADDING if width == "wide" else {})} for t, cols in LHS_RHS_TABLES.items()}
     pipeline, writer = make_pipeline(
         tmp_path,
         spark,
         storage,
+        tables=tables,
         join_type=join_type,
         select={"key": "lhs.id", "fk": "lhs.fk", "value": "rhs.value"},
     )
@@ -95,7 +104,12 @@ def test_kip213_table_of_lhs_events(tmp_path, spark, storage, join_type):
             for t, op, row in events:
                 if t == table:
                     lsn += 1
-                    batch.append(writer.delete(t, row, lsn) if op == "d" else writer.upsert(t, row, lsn, op))
+                    padded = (
+                        {**row, **{c: lsn * i for i, c in enumerate(PADDING)}} if width == "wide" else row
+                    )
+                    batch.append(
+                        writer.delete(t, padded, lsn) if op == "d" else writer.upsert(t, padded, lsn, op)
+                    )
             if batch:
                 writer.write(table, batch)
         report = pipeline.run()

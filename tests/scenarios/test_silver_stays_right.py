@@ -656,3 +656,56 @@ def test_silver_without_a_change_feed_stays_right_and_keeps_one_again_once_turne
     }
     assert silver_rows(pipeline) == {("a", 1, 11, "y")}
     assert pipeline.verify().ok
+
+
+def test_a_killed_run_whose_rows_are_all_a_state_table_holds_needs_no_full_refresh(tmp_path, spark, storage):
+    # rhs is declared, so its state table exists, empty, before its first event; the run that
+    # brings the first events is killed after appending them: they are the table's only rows.
+    pipeline, w = make_pipeline(tmp_path, spark, storage, join_type="left")
+    path = pipeline.config.config_path
+    spec = yaml.safe_load(path.read_text())
+    spec["sources"]["rhs"]["columns"] = {"id": "bigint", "value": "string"}
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    pipeline = Pipeline(load_config(path), spark, storage)
+    w.write("lhs", [w.upsert("lhs", {"id": "k", "fk": 1, "v": 1}, 1)])
+    pipeline.run()
+    w.write("rhs", [w.upsert("rhs", {"id": 1, "value": "one"}, 2)])
+    with pytest.raises(SimulatedCrash):
+        pipeline.run(crash_after="state:rhs")
+    report = pipeline.run()
+    assert "full refresh" not in report.steps["plan"]["reason"]
+    assert silver_rows(pipeline) == {("k", 1, 1, "one")}
+    assert pipeline.verify().ok
+
+
+def test_silver_records_the_types_of_the_bronze_it_pinned_not_of_a_later_ingest(
+    tmp_path, spark, storage, monkeypatch
+):
+    # An ingest that overlaps a run (another process's) widens v after the run pinned bronze:
+    # the run computed its rows under the old type, so the next run must see the type change
+    # and recompute every row, k's included.
+    from cdc_join import bronze
+    from cdc_join.ingest import ingest_all
+
+    tables = {"lhs": {"id": "string", "fk": "int64", "v": "int32"}, "rhs": {"id": "int64", "value": "string"}}
+    select = {"key": "lhs.id", "v": "cast(lhs.v AS STRING)", "value": "rhs.value"}
+    pipeline, w = make_pipeline(tmp_path, spark, storage, tables=tables, select=select, join_type="left")
+    w.write("rhs", [w.upsert("rhs", {"id": 1, "value": "one"}, 1)])
+    w.write("lhs", [w.upsert("lhs", {"id": "k", "fk": 1, "v": 1}, 2)])
+    pipeline.run()
+    w.write("lhs", [w.upsert("lhs", {"id": "m", "fk": 1, "v": 2}, 3)])
+    prepare = bronze.prepare
+
+    def then_an_overlapping_ingest(*args, **kwargs):
+        ready = prepare(*args, **kwargs)
+        w.tables["lhs"]["v"] = "double"
+        w.write("lhs", [w.upsert("lhs", {"id": "n", "fk": 1, "v": 3.5}, 4)])
+        ingest_all(spark, storage, pipeline.config)
+        return ready
+
+    monkeypatch.setattr(bronze, "prepare", then_an_overlapping_ingest)
+    pipeline.run()
+    monkeypatch.setattr(bronze, "prepare", prepare)
+    pipeline.run()
+    assert silver_rows(pipeline, ["key", "v"]) == {("k", "1.0"), ("m", "2.0"), ("n", "3.5")}
+    assert pipeline.verify().ok

@@ -83,3 +83,26 @@ def test_a_truncate_removes_older_rows_and_keeps_newer_ones(spark):
     assert _current(state) == {2: ("after", "5")}
     tombstones = {r["id"]: r["_cdc_op"] for r in state.filter("_cdc_deleted").collect()}
     assert tombstones == {1: "t", 3: "t"}  # at the truncate's sequence: later older events stay out
+
+
+def test_a_key_whose_event_was_hashed_otherwise_counts_as_changed(spark):
+    # The same event (sequence, file, line) with another hash: a rebuild hashed its row after a
+    # column widened (1 is "1.0" in a double). Its subscriptions must be written with the new hash.
+    import pyarrow as pa
+
+    from cdc_join.changeset import ChangeSet
+    from cdc_join.state import NEW, OLD, changed, changes_schema
+
+    schema = state_schema(ROW)
+    rows = event_rows(_events(spark, ("c", 1, "x", "1", "a", 1), ("c", 2, "y", "1", "a", 2)), SOURCE, 1)
+    stored = {r["id"]: r.asDict() for r in rows.collect()}
+    rehashed = {**stored[2], "_cdc_hash": stored[2]["_cdc_hash"] + 1}
+    table = pa.Table.from_pylist(
+        [
+            {"id": 1, OLD: stored[1], NEW: stored[1]},
+            {"id": 2, OLD: stored[2], NEW: rehashed},
+            {"id": 3, OLD: None, NEW: None},
+        ]
+    )
+    images = ChangeSet(spark, changes_schema(schema, ["id"]), table)
+    assert changed(images).table.column("id").to_pylist() == [2]
