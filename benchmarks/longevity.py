@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cdc_join.maintenance import optimize_pipeline
+from cdc_join.run.maintenance import optimize_pipeline
 from cdc_join.session import get_spark
 from cdc_join.storage import get_storage
 from tests.support import make_pipeline
@@ -51,7 +51,7 @@ def simulate_tpch(
     """The TPC-H workload at ``scale``: ``runs`` change batches, each run then maintained."""
     from benchmarks.workload import Workload
     from cdc_join.config import load_config
-    from cdc_join.pipeline import Pipeline
+    from cdc_join.run.pipeline import Pipeline
 
     spark = get_spark("cdc_join-longevity", {"spark.driver.memory": "8g"}, storage=storage_name, quiet=True)
     storage = get_storage(spark, storage_name)

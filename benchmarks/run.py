@@ -31,7 +31,7 @@ from typing import Any
 
 from benchmarks.baseline import compare, duckdb_full_join, spark_full_refresh
 from benchmarks.workload import Workload
-from cdc_join.cost import PLANS
+from cdc_join.run.cost import PLANS
 
 
 def machine() -> dict[str, Any]:
@@ -245,7 +245,7 @@ def bench_scale(
     top-level keys of the pipeline YAML.
     """
     from cdc_join.config import load_config
-    from cdc_join.pipeline import Pipeline
+    from cdc_join.run.pipeline import Pipeline
 
     root = work / f"sf{scale:g}"
     shutil.rmtree(root, ignore_errors=True)
@@ -261,7 +261,7 @@ def bench_scale(
     progress(f"sf {scale:g}: snapshot {snapshot} bronze in {load_s:.1f}s, initial run {initial_s:.1f}s")
     optimize: dict[str, Any] | None = None
     if optimize_after_load:
-        from cdc_join.maintenance import optimize_pipeline
+        from cdc_join.run.maintenance import optimize_pipeline
 
         start = time.perf_counter()
         optimize = {"actions": optimize_pipeline(storage, config, force=True)}
@@ -332,7 +332,7 @@ def optimize_experiment(pipeline: Any, customers: int, one: Any, progress: Any) 
     Shows what the files written by the incremental MERGEs so far cost a right-driven lookup,
     and what optimizing gives back.
     """
-    from cdc_join.maintenance import optimize_pipeline
+    from cdc_join.run.maintenance import optimize_pipeline
 
     before = one(f"rf3a {customers} customers, before optimize", 0.0, customers)
     start = time.perf_counter()

@@ -95,7 +95,7 @@ class Lake:
 
     def load_snapshot(self, spark: Any, storage: Any, config: Any) -> dict[str, int]:
         """A seed row per table through landing and ingest, the rest appended to bronze."""
-        from cdc_join.ingest import ingest_all
+        from cdc_join.landing.ingest import ingest_all
 
         tables = self.snapshot()
         first = {}
@@ -130,7 +130,7 @@ def measure(
 ) -> dict[str, Any]:
     """Load ``lake``, then ``repeat`` changes of each kind, each run and verified; the measurements."""
     from cdc_join.config import load_config
-    from cdc_join.pipeline import Pipeline
+    from cdc_join.run.pipeline import Pipeline
 
     if lake.root.exists():
         shutil.rmtree(lake.root)

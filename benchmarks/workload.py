@@ -272,7 +272,7 @@ class Workload:
         Returns:
             Snapshot rows per table.
         """
-        from cdc_join.ingest import ingest_all
+        from cdc_join.landing.ingest import ingest_all
 
         tables = self.snapshot_tables()
         # Strings stay in Arrow: at SF 10 Python string objects for 15 M orders would take GBs.

@@ -5,20 +5,20 @@ The one low module every hop imports its shared names from; it imports no hop.
 State tables (one per source) hold the source's row columns, then:
 
 ========================  ==================================================================
-``_cdc_seq``              the event's sequence (:mod:`cdc_join.debezium.sequence`)
+``_cdc_seq``              the event's sequence (:mod:`cdc_join.landing.debezium.sequence`)
 ``_cdc_file``             landing file of the event (ties of equal sequences: later file wins)
 ``_cdc_line``             line in that file (then later line wins)
 ``_cdc_op``               Debezium op of the event (``t`` for a row a truncate removed)
 ``_cdc_deleted``          the row is a tombstone
-``_cdc_hash``             value hash of a live row (:mod:`cdc_join.hashing`)
+``_cdc_hash``             value hash of a live row (:mod:`cdc_join.join.hashing`)
 ``_cdc_ts_ms``            the event's ``ts_ms``
 ``_cdc_run``              the run that wrote the row
 ========================  ==================================================================
 
 Subscription tables (one per join) hold ``fk_*`` and ``pk_*`` (the CombinedKey), then
-``_lhs_hash``, ``_subscribed`` and ``_cdc_written`` (see :mod:`cdc_join.subscription`).
+``_lhs_hash``, ``_subscribed`` and ``_cdc_written`` (see :mod:`cdc_join.join.subscription`).
 Silver holds the select columns, its merge key ``_pk_*``, lineage ``_seq_<alias>``,
-``_run_id`` and ``_values_hash`` (:func:`cdc_join.hashing.values_hash` of the select columns).
+``_run_id`` and ``_values_hash`` (:func:`cdc_join.join.hashing.values_hash` of the select columns).
 """
 
 from __future__ import annotations

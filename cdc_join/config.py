@@ -19,9 +19,8 @@ import yaml
 
 from cdc_join.errors import ConfigError, ConfigErrors, config_errors
 from cdc_join.expressions import check_safe, code_of
-from cdc_join.paths import has_scheme, local_path
+from cdc_join.locations import has_scheme, is_table_name, local_path
 from cdc_join.schemas import parse_type
-from cdc_join.storage.base import is_table_name
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # `alias.column` references in a select expression, outside string literals.
@@ -51,8 +50,8 @@ class SourceConfig:
     existing bronze Delta table written by another tool) is set. ``sequence_by`` lists the
     Debezium fields (dotted paths into the event, e.g. ``source.lsn``) whose values, compared
     in order, decide which event is newest; empty means "the connector's default"
-    (see :mod:`cdc_join.debezium`). ``columns`` optionally declares the row's columns and Spark
-    SQL types, used until the source's first event arrives (see :mod:`cdc_join.bronze`).
+    (see :mod:`cdc_join.landing.debezium`). ``columns`` optionally declares the row's columns and Spark
+    SQL types, used until the source's first event arrives (see :mod:`cdc_join.landing.bronze`).
     """
 
     name: str
@@ -432,7 +431,7 @@ def parse_config(
 
 
 def _quality(raw: Mapping[str, Any], p: Problems) -> Mapping[str, Any]:
-    """The ``quality:`` section as given (:mod:`cdc_join.quality_config` reads it)."""
+    """The ``quality:`` section as given (:mod:`cdc_join.checks.quality_config` reads it)."""
     quality = raw.get("quality") or {}
     if not isinstance(quality, Mapping):
         p.found.append(ConfigError("must be a mapping", key="quality"))

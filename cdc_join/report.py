@@ -87,7 +87,7 @@ class RunReport:
         }
 
     def ingested(self, results: Mapping[str, Any]) -> None:
-        """Record an ingest's results (per source, an :class:`~cdc_join.ingest.IngestReport`)
+        """Record an ingest's results (per source, an :class:`~cdc_join.landing.ingest.IngestReport`)
         in the ``ingest`` step's counts, and their warnings."""
         counts = self.steps.setdefault("ingest", {})
         for name, r in results.items():

@@ -72,7 +72,7 @@ except NameError:
 
 # COMMAND ----------
 
-from cdc_join.demo import run_demo
+from cdc_join.cli.demo import run_demo
 
 pipeline = run_demo(DEMO_DIR)
 config, storage = pipeline.config, pipeline.storage
@@ -152,7 +152,7 @@ for step in ("left changes", "subscription:customers", "lookup:customers", "reso
 
 import dataclasses
 
-from cdc_join.quality import check
+from cdc_join.checks.quality import check
 
 checked = dataclasses.replace(
     config,

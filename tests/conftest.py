@@ -62,6 +62,26 @@ def storage(spark, backend):
     return get_storage(spark, backend)
 
 
+#: Folders whose tests run whole pipelines: each is marked by what it is (``scenario`` or
+#: ``property``) unless it is one of the few ``core`` scenarios README's command runs.
+_TIERS = {"scenarios": "scenario", "property": "property", "benchmarks": "scenario"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark what each test is, for the tiers (pyproject.toml's markers): the tests of
+    ``tests/scenarios`` and ``tests/benchmarks`` that are not ``core`` are ``scenario``, those of
+    ``tests/property`` are ``property``; a test that reads or writes through the ``storage``
+    fixture, or runs the CLI on it, is ``backend`` (CI runs it on each backend)."""
+    root = Path(__file__).parent
+    for item in items:
+        folder = Path(str(item.fspath)).relative_to(root).parts[0]
+        tier = _TIERS.get(folder)
+        if tier is not None and item.get_closest_marker("core") is None:
+            item.add_marker(getattr(pytest.mark, tier))
+        if "storage" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.backend)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """A skip raised while setting up a fixture (e.g. the delta-spark backend without its jars)

@@ -8,8 +8,8 @@ from typing import Any
 import yaml
 
 from cdc_join.config import load_config
-from cdc_join.event_writer import EventWriter
-from cdc_join.pipeline import Pipeline
+from cdc_join.landing.event_writer import EventWriter
+from cdc_join.run.pipeline import Pipeline
 
 LHS_RHS_TABLES = {
     "lhs": {"id": "string", "fk": "int64", "v": "int64"},
@@ -71,7 +71,7 @@ def silver_rows(pipeline: Pipeline, columns: list[str] | None = None) -> set[tup
 def subscriptions(pipeline: Pipeline, join_index: int = 0) -> set[tuple]:
     """The current subscriptions of a join as ``(fk…, pk…)`` tuples."""
     from cdc_join.columns import fk_columns, pk_columns
-    from cdc_join.subscription import current
+    from cdc_join.join.subscription import current
 
     join = pipeline.config.joins[join_index]
     path = pipeline.config.subscription_path(join)

@@ -1,6 +1,14 @@
-"""The storage seam (see :mod:`cdc_join.storage.base`) and backend selection."""
+"""The one seam to Delta: the protocol (``base``), its two backends (``delta_rs``, ``delta_spark``)
+chosen by ``select``, what both share (file statistics, keyed reads that skip files, columns
+stored untyped, the Delta jars a local session loads) and ``commits``: what a table's log says
+of the commits after a version.
 
-from cdc_join.storage.base import FileStats, MergeSpec, Storage, WriteMetrics, is_table_name
+May import: the base modules (``errors``, ``schemas``, ``locations``, ``changeset``); nothing
+of the data flow.
+"""
+
+from cdc_join.locations import is_table_name
+from cdc_join.storage.base import FileStats, MergeSpec, Storage, WriteMetrics
 
 __all__ = ["FileStats", "MergeSpec", "Storage", "WriteMetrics", "get_storage", "is_table_name"]
 

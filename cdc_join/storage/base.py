@@ -68,23 +68,6 @@ from pyspark.sql.types import StructType
 from cdc_join.changeset import Rows
 from cdc_join.errors import ConcurrentRunError, StorageError
 
-_TABLE_NAME = re.compile(r"^(`[^`]+`|[A-Za-z_][A-Za-z0-9_]*)(\.(`[^`]+`|[A-Za-z_][A-Za-z0-9_]*)){1,2}$")
-
-
-def is_table_name(ref: str) -> bool:
-    """Whether ``ref`` names a metastore / Unity Catalog table (``catalog.schema.table``).
-
-    Paths always hold a ``/`` or a scheme (config paths are made absolute), names never do.
-    """
-    return "/" not in ref and ":" not in ref and bool(_TABLE_NAME.match(ref))
-
-
-def quote_table_name(name: str) -> str:
-    """``a.b.c`` → ```a`.`b`.`c``` for SQL (parts already quoted are kept)."""
-    parts = re.findall(r"`[^`]+`|[^.]+", name)
-    return ".".join(p if p.startswith("`") else f"`{p}`" for p in parts)
-
-
 #: Operations (as :meth:`Storage.history` names them, upper-cased) that change no row: a
 #: compaction, a schema or property change.
 DATA_PRESERVING_OPERATIONS = frozenset(

@@ -96,13 +96,12 @@ from cdc_join.changeset import (
     to_arrow,
 )
 from cdc_join.errors import ConcurrentRunError, StorageError
-from cdc_join.paths import has_scheme, local_path
+from cdc_join.locations import has_scheme, is_table_name, local_path
 from cdc_join.schemas import changed_types, conform, merge_schemas, nullable
 from cdc_join.storage.base import (
     FileStats,
     MergeSpec,
     WriteMetrics,
-    is_table_name,
     lost_create,
     normalize_history_entry,
     rows_matching,

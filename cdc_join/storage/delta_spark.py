@@ -98,17 +98,15 @@ from pyspark.sql.types import (
 
 from cdc_join.changeset import ChangeSet, Rows, frame_of, to_arrow
 from cdc_join.errors import ConcurrentRunError, StorageError
-from cdc_join.paths import glob_escape, has_scheme, local_path
+from cdc_join.locations import glob_escape, has_scheme, is_table_name, local_path, quote_table_name
 from cdc_join.schemas import changed_types, conform, merge_schemas, quote, widens_to
 from cdc_join.storage.base import (
     DATA_PRESERVING_OPERATIONS,
     FileStats,
     MergeSpec,
     WriteMetrics,
-    is_table_name,
     lost_create,
     normalize_history_entry,
-    quote_table_name,
     rows_matching,
 )
 from cdc_join.storage.stats import (

@@ -17,7 +17,7 @@ import pytest
 from benchmarks import chain, nested
 from benchmarks.run import bench_scale
 from cdc_join.config import load_config
-from cdc_join.maintenance import optimize_pipeline
+from cdc_join.run.maintenance import optimize_pipeline
 
 
 @pytest.mark.deep

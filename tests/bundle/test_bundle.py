@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from cdc_join import cli
+from cdc_join.cli import main as cli
 
 ROOT = Path(__file__).resolve().parents[2]
 BUNDLE = ROOT / "databricks.yml"
@@ -302,7 +302,7 @@ def test_the_shipped_pipeline_is_the_one_the_jobs_run_and_it_loads(bundle):
 def test_wheel_console_script_is_the_cli():
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts == {"cdc-join": "cdc_join.cli:main"}
+    assert scripts == {"cdc-join": "cdc_join.cli.main:main"}
     (installed,) = importlib.metadata.entry_points(group="console_scripts", name="cdc-join")
     assert installed.value == scripts["cdc-join"]
     assert installed.load() is cli.main

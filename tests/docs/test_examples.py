@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cdc_join import cli
+from cdc_join.cli import main as cli
 from cdc_join.config import load_config
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cdc_join import cli
+from cdc_join.cli import main as cli
 from cdc_join.config import parse_config
 from tests.docs.test_examples import assert_expected_silver
 
@@ -125,3 +125,13 @@ def test_a_landing_example_writes_under_a_temporary_name_then_renames():
             name = target.rsplit("/", 1)[-1]
             assert name.startswith("_"), f"{target} is written under its final name"
             assert re.search(rf"mv {re.escape(target)} \S+/{re.escape(name[1:])}", block), target
+
+
+def test_the_readme_s_python_line_imports_what_it_names():
+    import cdc_join
+
+    line = re.search(r"From Python: `(from cdc_join import [^`]+)`", README)
+    assert line, "the README says how to run a pipeline from Python"
+    namespace: dict = {}
+    exec(line.group(1), namespace)
+    assert namespace["Pipeline"].run and namespace["load_config"] is cdc_join.load_config

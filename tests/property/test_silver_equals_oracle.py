@@ -47,7 +47,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 
-from cdc_join.state import current_rows as current_rows_of
+from cdc_join.join.state import current_rows as current_rows_of
 from tests.property.histories import run_with_crashes
 from tests.support import SEQUENCE_BY_LSN, make_pipeline, subscriptions
 

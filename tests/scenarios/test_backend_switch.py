@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from cdc_join.errors import StorageError
-from cdc_join.pipeline import Pipeline
+from cdc_join.run.pipeline import Pipeline
 from cdc_join.storage import get_storage
 from tests.support import make_pipeline, silver_rows
 

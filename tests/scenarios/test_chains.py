@@ -15,11 +15,11 @@ import dataclasses
 import pytest
 from pyspark.sql import functions as F
 
-from cdc_join import quality
+from cdc_join.checks import quality
 from cdc_join.columns import LHS_HASH, WRITTEN
 from cdc_join.errors import ConfigError
-from cdc_join.pipeline import Pipeline
 from cdc_join.report import SimulatedCrash
+from cdc_join.run.pipeline import Pipeline
 from tests.support import make_pipeline, silver_rows, subscriptions
 
 TABLES = {
@@ -106,7 +106,7 @@ def _loaded(tmp_path, spark, storage, hop_type: str = "inner") -> Chain:
     return chain
 
 
-@pytest.mark.parametrize("plan", ["incremental", "recompute"])
+@pytest.mark.parametrize("plan", [pytest.param("incremental", marks=pytest.mark.core), "recompute"])
 def test_a_region_rename_reaches_every_order_in_it_and_no_other(tmp_path, spark, storage, plan):
     chain = _loaded(tmp_path, spark, storage)
     chain.upsert("regions", {"id": 1, "name": "EU"})
@@ -168,6 +168,7 @@ def test_a_null_or_dangling_foreign_key_in_the_middle_of_a_left_chain_nulls_the_
     assert chain.pipeline.verify().ok
 
 
+@pytest.mark.kill
 def test_a_chain_killed_after_any_step_and_rerun_ends_like_an_uninterrupted_run(tmp_path, spark, storage):
     chain = _loaded(tmp_path, spark, storage, "left")
     batches = {

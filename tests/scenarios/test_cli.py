@@ -10,8 +10,8 @@ import pytest
 import yaml
 from pyspark.sql import functions as F
 
-from cdc_join import cli
-from cdc_join.runlog import run_lock
+from cdc_join.cli import main as cli
+from cdc_join.run.runlog import run_lock
 from tests.support import make_pipeline
 
 

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cdc_join.event_writer import EventWriter
+from cdc_join.landing.event_writer import EventWriter
 
 _NO_SPARK = textwrap.dedent(
     """
     import sys
-    from cdc_join import cli
+    from cdc_join.cli import main as cli
     code = cli.main(sys.argv[1:])
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
@@ -57,6 +57,7 @@ def _tiny(tmp_path) -> str:
     return str(path)
 
 
+@pytest.mark.core  # no Spark: a second
 def test_config_and_storage_errors_exit_2_before_spark_starts(tmp_path):
     config = _tiny(tmp_path)
     bad = tmp_path / "bad.yml"
@@ -73,7 +74,14 @@ def test_config_and_storage_errors_exit_2_before_spark_starts(tmp_path):
 def test_a_run_prints_its_report_and_nothing_of_spark_s_start_up(tmp_path):
     config = _tiny(tmp_path)
     done = _python(
-        "-m", "cdc_join.cli", "-q", "--storage", "delta-rs", "run", config, env={"PYTHONWARNINGS": "ignore"}
+        "-m",
+        "cdc_join.cli",
+        "-q",
+        "--storage",
+        "delta-rs",
+        "run",
+        config,
+        env={"PYTHONWARNINGS": "ignore"},
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("cdc_join run 1: ")

@@ -80,7 +80,7 @@ def _loaded(tmp_path, spark, storage, **join) -> Nested:
     return nested
 
 
-@pytest.mark.parametrize("plan", ["incremental", "recompute"])
+@pytest.mark.parametrize("plan", ["incremental", pytest.param("recompute", marks=pytest.mark.core)])
 def test_a_childs_changes_rewrite_exactly_the_parents_it_names(tmp_path, spark, storage, plan):
     nested = _loaded(tmp_path, spark, storage)
     assert (3, "c3", (), (), 0) in nested.silver()  # no children: an empty array, not null
@@ -108,6 +108,7 @@ def test_a_parent_deleted_and_created_again_finds_its_children(tmp_path, spark, 
     assert nested.pipeline.verify().ok
 
 
+@pytest.mark.kill
 def test_a_nested_run_killed_after_any_step_and_rerun_ends_like_an_uninterrupted_run(
     tmp_path, spark, storage
 ):
@@ -129,6 +130,7 @@ def test_a_nested_run_killed_after_any_step_and_rerun_ends_like_an_uninterrupted
     assert nested.pipeline.verify().ok
 
 
+@pytest.mark.core
 def test_a_full_refresh_of_nested_children_equals_its_runs(tmp_path, spark, storage):
     nested = _loaded(tmp_path, spark, storage)
     nested.upsert("orders", {"id": 3, "cust": 2, "total": 33})

@@ -17,13 +17,13 @@ from collections.abc import Callable
 
 import pytest
 
-from cdc_join import runlog
 from cdc_join.errors import ConcurrentRunError
-from cdc_join.pipeline import Pipeline
+from cdc_join.run import runlog
+from cdc_join.run.pipeline import Pipeline
 from tests.support import make_pipeline, silver_rows
 
 # Examples, rounds or step boundaries set by CDC_JOIN_* variables: CI runs them deeper (-m depth).
-pytestmark = pytest.mark.depth
+pytestmark = [pytest.mark.depth, pytest.mark.race]
 
 ROUNDS = int(os.environ.get("CDC_JOIN_RACE_ROUNDS", "3"))
 
@@ -111,7 +111,7 @@ def test_a_compaction_between_a_run_s_subscription_version_and_its_append_stops_
     # after a run read the table's version and before it appended. The run's rows would name
     # the compaction's version, and tie with its rows; the run must stop instead, and its
     # rerun complete the change.
-    from cdc_join import subscription
+    from cdc_join.join import subscription
 
     pipeline, w = make_pipeline(tmp_path, spark, storage)
     cfg = pipeline.config

@@ -19,12 +19,12 @@ import os
 import pytest
 
 from cdc_join.errors import ConcurrentRunError
-from cdc_join.maintenance import optimize_pipeline
-from cdc_join.pipeline import Pipeline
+from cdc_join.run.maintenance import optimize_pipeline
+from cdc_join.run.pipeline import Pipeline
 from tests.support import PauseAt, in_thread, make_pipeline, silver_rows
 
 # Examples, rounds or step boundaries set by CDC_JOIN_* variables: CI runs them deeper (-m depth).
-pytestmark = pytest.mark.depth
+pytestmark = [pytest.mark.depth, pytest.mark.race]
 
 TABLES = {
     "customers": {"id": "int64", "name": "string"},

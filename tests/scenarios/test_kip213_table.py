@@ -85,7 +85,7 @@ STEPS = [
 PADDING = {f"p{i:02d}": "int64" for i in range(37)}
 
 
-@pytest.mark.parametrize("width", ["narrow", "wide"])
+@pytest.mark.parametrize("width", [pytest.param("narrow", marks=pytest.mark.core), "wide"])
 @pytest.mark.parametrize("join_type", ["inner", "left"])
 def test_kip213_table_of_lhs_events(tmp_path, spark, storage, join_type, width):
     tables = {t: {**cols, **(PADDING if width == "wide" else {})} for t, cols in LHS_RHS_TABLES.items()}

@@ -12,10 +12,12 @@ import dataclasses
 
 import pytest
 
-from cdc_join.maintenance import optimize_pipeline
-from cdc_join.pipeline import Pipeline
 from cdc_join.report import SimulatedCrash
+from cdc_join.run.maintenance import optimize_pipeline
+from cdc_join.run.pipeline import Pipeline
 from tests.support import PauseAt, in_thread, make_pipeline, silver_rows
+
+pytestmark = [pytest.mark.race, pytest.mark.kill]
 
 SHOP = {
     "customers": {"id": "int64", "name": "string"},

@@ -10,13 +10,15 @@ import pytest
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType
 
-from cdc_join.cli import main
+from cdc_join.checkpoint import last_checkpoint
+from cdc_join.cli.main import main
 from cdc_join.errors import ConcurrentRunError
 from cdc_join.report import SimulatedCrash
-from cdc_join.runlog import last_checkpoint, run_lock
+from cdc_join.run.runlog import run_lock
 from tests.support import make_pipeline, silver_rows
 
 
+@pytest.mark.kill
 def test_a_run_killed_after_any_step_and_rerun_ends_like_an_uninterrupted_run(tmp_path, spark, storage):
     pipeline, w = make_pipeline(tmp_path, spark, storage, join_type="left")
     w.write("rhs", [w.upsert("rhs", {"id": i, "value": f"r{i}"}, i) for i in (1, 2, 3)])
@@ -327,8 +329,8 @@ def _joined(rows: set[tuple], join_type: str) -> set[tuple]:
 def test_tables_that_grow_by_a_file_per_run_are_compacted_by_the_maintenance_policy(
     tmp_path, spark, storage, monkeypatch
 ):
-    from cdc_join import maintenance
-    from cdc_join.maintenance import optimize_pipeline
+    from cdc_join.run import maintenance
+    from cdc_join.run.maintenance import optimize_pipeline
 
     monkeypatch.setattr(maintenance, "MAX_SMALL_FILES", 3)  # the policy's threshold, reached in 5 runs
     threshold = maintenance.MAX_SMALL_FILES
@@ -349,8 +351,8 @@ def test_tables_that_grow_by_a_file_per_run_are_compacted_by_the_maintenance_pol
 
 
 def test_maintenance_purges_the_silver_rows_deletion_vectors_hide(tmp_path, spark, storage, monkeypatch):
-    from cdc_join import maintenance
-    from cdc_join.maintenance import optimize_pipeline
+    from cdc_join.run import maintenance
+    from cdc_join.run.maintenance import optimize_pipeline
 
     monkeypatch.setattr(maintenance, "MAX_DELETED_SHARE", 0.1)
     monkeypatch.setattr(maintenance, "MAX_SMALL_FILES", 1_000)  # deleted rows alone decide
@@ -377,7 +379,7 @@ def test_a_tombstone_horizon_lets_maintenance_drop_old_deletes_from_state(tmp_pa
     import dataclasses
 
     from cdc_join.columns import DELETED
-    from cdc_join.maintenance import optimize_pipeline
+    from cdc_join.run.maintenance import optimize_pipeline
 
     pipeline, w = make_pipeline(tmp_path, spark, storage, join_type="left")
     w.write("rhs", [w.upsert("rhs", {"id": 1, "value": "r1"}, 1)])

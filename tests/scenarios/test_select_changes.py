@@ -11,11 +11,11 @@ import pytest
 import yaml
 from pyspark.logger import PySparkLogger
 
-from cdc_join import cli
+from cdc_join.cli import main as cli
 from cdc_join.config import load_config
 from cdc_join.errors import ConfigError, ConfigErrors, StorageError
-from cdc_join.event_writer import EventWriter
-from cdc_join.pipeline import Pipeline
+from cdc_join.landing.event_writer import EventWriter
+from cdc_join.run.pipeline import Pipeline
 from tests.support import LHS_RHS_TABLES, make_pipeline, silver_rows
 
 LHS = LHS_RHS_TABLES["lhs"]

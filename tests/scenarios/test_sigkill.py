@@ -30,11 +30,11 @@ import pytest
 
 from tests.support import make_pipeline, silver_rows
 
-pytestmark = [pytest.mark.deep, pytest.mark.sigkill]
+pytestmark = [pytest.mark.deep, pytest.mark.sigkill, pytest.mark.kill]
 
 TRIALS = int(os.environ.get("CDC_JOIN_KILL_TRIALS", "3"))
 SEED = int(os.environ.get("CDC_JOIN_KILL_SEED", "7"))
-_CLI = "import sys; from cdc_join import cli; sys.exit(cli.main(sys.argv[1:]))"
+_CLI = "import sys; from cdc_join.cli.main import main; sys.exit(main(sys.argv[1:]))"
 
 
 def _step_lines(lines: list[str]) -> int:

@@ -17,13 +17,13 @@ import pytest
 import yaml
 from pyspark.sql import functions as F
 
-from cdc_join import cli
+from cdc_join.cli import main as cli
 from cdc_join.columns import CHANGE_DATA_FEED_PROPERTY as CHANGE_FEED
 from cdc_join.columns import RUN
 from cdc_join.config import load_config
 from cdc_join.errors import ConfigError, SourceNotReadyError
-from cdc_join.pipeline import Pipeline
 from cdc_join.report import SimulatedCrash
+from cdc_join.run.pipeline import Pipeline
 from tests.support import make_pipeline, silver_rows
 
 COMPOSITE = {
@@ -106,6 +106,7 @@ def _joined(tmp_path, spark, storage, join_type="left"):
 DEEP = pytest.mark.deep
 
 
+@pytest.mark.kill
 @pytest.mark.parametrize(
     "killed_after",
     [pytest.param(s, marks=DEEP) for s in ("state:lhs", "state:rhs", "subscription:rhs")] + ["silver"],
@@ -126,6 +127,7 @@ def test_a_full_refresh_killed_part_way_is_repaired_by_the_next_run(tmp_path, sp
     assert silver_rows(pipeline) == {(k, fk, v, "r2*" if fk == 2 else "r1*") for k, fk, v, _ in want}
 
 
+@pytest.mark.kill
 @DEEP
 def test_a_full_refresh_killed_part_way_then_run_again_converges(tmp_path, spark, storage):
     pipeline, w = _joined(tmp_path, spark, storage)
@@ -408,6 +410,7 @@ def test_a_left_source_without_events_is_a_warning_not_an_error(tmp_path, spark,
     assert not storage.exists(pipeline.config.silver_path)
 
 
+@pytest.mark.kill
 def test_a_killed_run_leaves_rows_of_its_run_id_that_the_rerun_treats_as_changed(tmp_path, spark, storage):
     """The old images a rerun derives instructions from are those of the last completed run."""
     pipeline, w = _joined(tmp_path, spark, storage)
@@ -532,6 +535,7 @@ def test_verify_compares_map_columns_by_their_entries(tmp_path, spark, storage):
     assert pipeline.verify().missing == 1
 
 
+@pytest.mark.kill
 def test_a_killed_full_refresh_that_rehashed_the_left_rows_is_finished_by_the_next_run(
     tmp_path, spark, storage
 ):
@@ -658,6 +662,7 @@ def test_silver_without_a_change_feed_stays_right_and_keeps_one_again_once_turne
     assert pipeline.verify().ok
 
 
+@pytest.mark.kill
 def test_a_killed_run_whose_rows_are_all_a_state_table_holds_needs_no_full_refresh(tmp_path, spark, storage):
     # rhs is declared, so its state table exists, empty, before its first event; the run that
     # brings the first events is killed after appending them: they are the table's only rows.
@@ -684,8 +689,8 @@ def test_silver_records_the_types_of_the_bronze_it_pinned_not_of_a_later_ingest(
     # An ingest that overlaps a run (another process's) widens v after the run pinned bronze:
     # the run computed its rows under the old type, so the next run must see the type change
     # and recompute every row, k's included.
-    from cdc_join import bronze
-    from cdc_join.ingest import ingest_all
+    from cdc_join.landing import bronze
+    from cdc_join.landing.ingest import ingest_all
 
     tables = {"lhs": {"id": "string", "fk": "int64", "v": "int32"}, "rhs": {"id": "int64", "value": "string"}}
     select = {"key": "lhs.id", "v": "cast(lhs.v AS STRING)", "value": "rhs.value"}

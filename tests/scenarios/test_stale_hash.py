@@ -7,11 +7,12 @@ then changes to ``A|Y,2`` in a completed run, and only then is the old response 
 
 from __future__ import annotations
 
+import pytest
 from pyspark.sql import functions as F
 
-from cdc_join import lookup, resolve, state
 from cdc_join.changeset import materialize
 from cdc_join.columns import LHS_HASH, WRITTEN
+from cdc_join.join import lookup, resolve, state
 from tests.support import make_pipeline, silver_rows, subscriptions
 
 
@@ -37,6 +38,7 @@ def _check(pipeline, responses):
     return checked.rows - stale, stale
 
 
+@pytest.mark.core
 def test_response_for_an_old_left_value_is_rejected_by_the_hash_check(tmp_path, spark, storage):
     pipeline, w = make_pipeline(tmp_path, spark, storage, join_type="inner")
     w.write("rhs", [w.upsert("rhs", {"id": 7, "value": "bar"}, 1)])  # 1- RHS is updated to Y|bar
@@ -53,6 +55,7 @@ def test_response_for_an_old_left_value_is_rejected_by_the_hash_check(tmp_path, 
     assert _check(pipeline, _responses_for_right_key(pipeline, 7)) == (1, 0)
 
 
+@pytest.mark.kill
 def test_leftover_subscription_of_a_crashed_run_is_dropped_as_stale_and_removed(tmp_path, spark, storage):
     pipeline, w = make_pipeline(tmp_path, spark, storage, join_type="left")
     cfg = pipeline.config

@@ -792,7 +792,7 @@ def test_a_mistake_is_not_reported_again_through_what_depends_on_it(project: Pat
 def test_the_cli_prints_every_config_mistake_and_exits_2(
     project: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from cdc_join.cli import CONFIG_ERROR, main
+    from cdc_join.cli.main import CONFIG_ERROR, main
 
     raw = _base()
     raw["joins"][0]["type"] = "outer"

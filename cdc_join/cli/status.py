@@ -1,0 +1,220 @@
+"""What a pipeline has done, and what its next run would do: ``cdc-join status`` and ``cdc-join plan``.
+
+Both only read: the run log, file statistics, the landing folders and the ingest log (plus, for
+the plan, the bronze events not yet applied). Nothing is written, no table is created.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+from cdc_join.checkpoint import Checkpoint, last_checkpoint
+from cdc_join.checks import verify
+from cdc_join.config import PipelineConfig
+from cdc_join.landing import bronze
+from cdc_join.landing.ingest import logged_files
+from cdc_join.landing.listing import landing_files, list_folders
+from cdc_join.run.maintenance import pipeline_tables
+from cdc_join.run.plan import RunPath, choose
+from cdc_join.silver import table as silver
+from cdc_join.storage import Storage
+
+#: Runs ``status`` shows, newest first.
+RUNS_SHOWN = 5
+
+
+@dataclass(frozen=True)
+class Status:
+    """The last runs, an unfinished one, and per source and table what is there now."""
+
+    runs: list[dict[str, Any]]
+    unfinished: list[str]
+    sources: dict[str, dict[str, Any]]
+    tables: dict[str, dict[str, Any]]
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def summary(self) -> str:
+        lines = ["last runs (newest first):"] if self.runs else ["no run has completed yet"]
+        lines += [
+            f"  run {r['run_id']} {r['kind']} finished {r['finished_at']} in {r['seconds']}s: {r['silver']}"
+            + (f", {r['warnings']} warning(s)" if r["warnings"] else "")
+            for r in self.runs
+        ]
+        if self.unfinished:
+            lines.append(f"unfinished run: it wrote {', '.join(self.unfinished)}; `cdc-join run` finishes it")
+        lines.append("sources:")
+        for name, s in self.sources.items():
+            lag = (
+                "no events yet"
+                if s["lag_minutes"] is None
+                else f"newest event {s['lag_minutes']:.0f} min ago"
+            )
+            lines.append(
+                f"  {name}: {lag}; {s['pending_files']} landing file(s) not ingested yet; "
+                f"{s['quarantined']} line(s) quarantined"
+            )
+        lines.append("tables:")
+        lines += [
+            f"  {path}: {t['rows']} rows in {t['files']} files, {t['bytes']} bytes"
+            for path, t in self.tables.items()
+        ]
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class NextRun:
+    """What the next ``cdc-join run`` would do: the files it would ingest, its path and why, and
+    the tables it would write."""
+
+    pending: dict[str, dict[str, int]]
+    path: str | None
+    reason: str
+    events_to_apply: dict[str, int] = field(default_factory=dict)
+    writes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def summary(self) -> str:
+        files = ", ".join(f"{n}: {p['files']} file(s), {p['bytes']} bytes" for n, p in self.pending.items())
+        applied = ", ".join(f"{n}: {c}" for n, c in self.events_to_apply.items() if c)
+        lines = [
+            f"to ingest: {files or 'nothing'}",
+            f"ingested, not yet applied: {applied or 'nothing'} event(s)",
+            f"path: {self.path or 'nothing to join'} ({self.reason})",
+        ]
+        if self.pending:
+            lines.append("  (the files still to ingest may change the path: their events are not counted)")
+        lines.append(f"writes: {', '.join(self.writes) or 'nothing'}")
+        return "\n".join(lines)
+
+
+def status(storage: Storage, config: PipelineConfig) -> Status:
+    """The pipeline as it stands (see :class:`Status`)."""
+    checkpoint = last_checkpoint(storage, config)
+    pending = _pending(storage, config)
+    quarantined = _quarantined(storage, config)
+    sources = {
+        name: {
+            "lag_minutes": _lag_minutes(storage, config.bronze_path(name)),
+            "pending_files": pending.get(name, {}).get("files", 0),
+            "quarantined": quarantined.get(name, 0),
+        }
+        for name in config.sources
+    }
+    tables = {path: _size(storage, path) for path, _, _ in pipeline_tables(config) if storage.exists(path)}
+    return Status(_runs(storage, config), verify.unfinished(storage, config, checkpoint), sources, tables)
+
+
+def next_run(storage: Storage, config: PipelineConfig) -> NextRun:
+    """What the next run would do (see :class:`NextRun`)."""
+    pending = _pending(storage, config)
+    previous = last_checkpoint(storage, config)
+    missing = [n for n in config.sources if not storage.exists(config.bronze_path(n))]
+    if missing:
+        reason = f"source(s) {', '.join(missing)} have no events in bronze yet"
+        return NextRun(pending, None, reason, writes=_ingest_writes(config, pending))
+    versions = {n: storage.version(config.bronze_path(n)) for n in config.sources}
+    events = {n: _events_since(storage, config, n, previous, versions[n]) for n in config.sources}
+    types = silver.source_types(storage, config)
+    plan = choose(storage, config, previous, versions, types, "auto", lambda: events)
+    changed = (
+        [n for n, c in events.items() if c] if plan.path is not RunPath.REBUILD else list(config.sources)
+    )
+    writes = [
+        *_ingest_writes(config, pending),
+        *(config.state_path(n) for n in changed),
+        *(config.subscription_path(j) for j in config.joins),
+        config.silver_path,
+        config.runs_path,
+    ]
+    return NextRun(pending, plan.path.value, plan.reason, events, writes)
+
+
+def _ingest_writes(config: PipelineConfig, pending: Mapping[str, Any]) -> list[str]:
+    if not pending:
+        return []
+    return [*(config.bronze_path(n) for n in pending), config.quarantine_path, config.ingest_log_path]
+
+
+def _pending(storage: Storage, config: PipelineConfig) -> dict[str, dict[str, int]]:
+    """Per source with landing files the ingest log does not name yet: how many, how large."""
+    listed = {name: landing_files(found) for name, found in list_folders(storage.spark, config).items()}
+    done = logged_files(storage, config, listed)
+    out = {}
+    for name, files in listed.items():
+        new = [f for f in files if f.name not in done.get(name, {})]
+        if new:
+            out[name] = {"files": len(new), "bytes": sum(f.size for f in new)}
+    return out
+
+
+def _events_since(
+    storage: Storage, config: PipelineConfig, name: str, previous: Checkpoint, version: int
+) -> int:
+    """Bronze events of a source after the version the last run applied (an upper bound of the
+    keys they change)."""
+    found = bronze.increment(storage, config, name, previous, version)
+    if found is None:
+        return 0
+    return found.arrow.num_rows if found.arrow is not None else found.frame.count()
+
+
+def _runs(storage: Storage, config: PipelineConfig) -> list[dict[str, Any]]:
+    if not storage.exists(config.runs_path):
+        return []
+    columns = ["run_id", "kind", "finished_at", "seconds", "report"]
+    rows = sorted(
+        storage.read_arrow(config.runs_path, columns=columns).to_pylist(), key=lambda r: -r["run_id"]
+    )
+    shown = []
+    for row in rows[:RUNS_SHOWN]:
+        report = json.loads(row["report"] or "{}")
+        counts = report.get("steps", {}).get("silver") or {}
+        silver_line = ", ".join(f"{counts.get(k) or 0} {k}" for k in ("inserted", "updated", "deleted"))
+        finished = row["finished_at"]
+        shown.append(
+            {
+                "run_id": row["run_id"],
+                "kind": row["kind"],
+                "finished_at": finished.isoformat(timespec="seconds")
+                if isinstance(finished, datetime)
+                else finished,
+                "seconds": row["seconds"],
+                "silver": silver_line or "no silver change",
+                "warnings": len(report.get("warnings") or []),
+            }
+        )
+    return shown
+
+
+def _lag_minutes(storage: Storage, path: str) -> float | None:
+    """Minutes since the newest event in bronze (its ``ts_ms``), from file statistics."""
+    if not storage.exists(path):
+        return None
+    newest = [f.max_values.get("_ts_ms") for f in storage.files(path)]
+    newest_ms = max((n for n in newest if isinstance(n, int)), default=None)
+    return None if newest_ms is None else round((time.time() * 1000 - newest_ms) / 60_000, 1)
+
+
+def _quarantined(storage: Storage, config: PipelineConfig) -> dict[str, int]:
+    if not storage.exists(config.quarantine_path):
+        return {}
+    rows = storage.read(config.quarantine_path).groupBy("source").count().collect()
+    return {str(r["source"]): int(r["count"]) for r in rows}
+
+
+def _size(storage: Storage, path: str) -> dict[str, Any]:
+    files = storage.files(path)
+    return {
+        "files": len(files),
+        "rows": sum(f.num_records or 0 for f in files),
+        "bytes": sum(f.size_bytes for f in files),
+    }
