@@ -33,7 +33,7 @@ from tests.property.test_silver_equals_oracle import _expected_value, _freeze
 from tests.support import make_pipeline, silver_rows, subscriptions
 
 # Examples, rounds or step boundaries set by CDC_JOIN_* variables: CI runs them deeper (-m depth).
-pytestmark = pytest.mark.depth
+pytestmark = [pytest.mark.depth, pytest.mark.connect]
 
 TABLES = {
     "orders": {"id": "string", "cust": "int64", "qty": "int64", "note": "string"},

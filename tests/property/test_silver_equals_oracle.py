@@ -52,7 +52,7 @@ from tests.property.histories import run_with_crashes
 from tests.support import SEQUENCE_BY_LSN, make_pipeline, subscriptions
 
 # Examples, rounds or step boundaries set by CDC_JOIN_* variables: CI runs them deeper (-m depth).
-pytestmark = pytest.mark.depth
+pytestmark = [pytest.mark.depth, pytest.mark.connect]
 
 TABLES = {
     "lhs": {

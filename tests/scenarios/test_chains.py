@@ -106,7 +106,13 @@ def _loaded(tmp_path, spark, storage, hop_type: str = "inner") -> Chain:
     return chain
 
 
-@pytest.mark.parametrize("plan", [pytest.param("incremental", marks=pytest.mark.core), "recompute"])
+@pytest.mark.parametrize(
+    "plan",
+    [
+        pytest.param("incremental", marks=pytest.mark.core),
+        pytest.param("recompute", marks=pytest.mark.plan_path),
+    ],
+)
 def test_a_region_rename_reaches_every_order_in_it_and_no_other(tmp_path, spark, storage, plan):
     chain = _loaded(tmp_path, spark, storage)
     chain.upsert("regions", {"id": 1, "name": "EU"})
@@ -119,7 +125,7 @@ def test_a_region_rename_reaches_every_order_in_it_and_no_other(tmp_path, spark,
     assert chain.pipeline.verify().ok
 
 
-@pytest.mark.parametrize("plan", ["incremental", "recompute"])
+@pytest.mark.parametrize("plan", [pytest.param("incremental", marks=pytest.mark.plan_path), "recompute"])
 def test_a_customer_moving_nation_moves_its_orders_nation_and_region(tmp_path, spark, storage, plan):
     chain = _loaded(tmp_path, spark, storage)
     chain.upsert("customers", {"id": 1, "nation": 4, "name": "cust1"})
@@ -137,7 +143,7 @@ def test_a_customer_moving_nation_moves_its_orders_nation_and_region(tmp_path, s
     assert chain.pipeline.verify().ok
 
 
-@pytest.mark.parametrize("hop_type", ["inner", "left"])
+@pytest.mark.parametrize("hop_type", ["inner", pytest.param("left", marks=pytest.mark.plan_path)])
 def test_deleting_a_nation_removes_or_nulls_its_orders_rows(tmp_path, spark, storage, hop_type):
     chain = _loaded(tmp_path, spark, storage, hop_type)
     chain.delete("nations", 2)
@@ -190,6 +196,7 @@ def test_a_chain_killed_after_any_step_and_rerun_ends_like_an_uninterrupted_run(
     assert chain.pipeline.verify().ok
 
 
+@pytest.mark.plan_path
 def test_a_full_refresh_of_a_chain_equals_its_runs(tmp_path, spark, storage):
     chain = _loaded(tmp_path, spark, storage)
     chain.upsert("nations", {"id": 4, "region": 1, "name": "nation4"})
@@ -225,7 +232,7 @@ def test_the_orphan_rate_of_a_chained_left_join_reads_the_foreign_key_of_the_sou
     assert found["orphan_rate:regions"].observed.startswith("orphan rate 0.0000")
 
 
-@pytest.mark.parametrize("hop", ["nations", "regions"])
+@pytest.mark.parametrize("hop", ["nations", pytest.param("regions", marks=pytest.mark.plan_path)])
 def test_a_leftover_subscription_deep_in_a_chain_is_dropped_as_stale_and_reaches_no_row(
     tmp_path, spark, storage, hop
 ):
@@ -280,6 +287,7 @@ def test_a_chained_foreign_key_the_source_it_hangs_off_lacks_fails_before_anythi
     assert not storage.exists(pipeline.config.silver_path)
 
 
+@pytest.mark.plan_path
 def test_a_select_change_that_adds_a_chained_column_recomputes_and_repair_restores_a_damaged_row(
     tmp_path, spark, storage
 ):

@@ -80,7 +80,13 @@ def _loaded(tmp_path, spark, storage, **join) -> Nested:
     return nested
 
 
-@pytest.mark.parametrize("plan", ["incremental", pytest.param("recompute", marks=pytest.mark.core)])
+@pytest.mark.parametrize(
+    "plan",
+    [
+        pytest.param("incremental", marks=pytest.mark.plan_path),
+        pytest.param("recompute", marks=pytest.mark.core),
+    ],
+)
 def test_a_childs_changes_rewrite_exactly_the_parents_it_names(tmp_path, spark, storage, plan):
     nested = _loaded(tmp_path, spark, storage)
     assert (3, "c3", (), (), 0) in nested.silver()  # no children: an empty array, not null
@@ -142,6 +148,7 @@ def test_a_full_refresh_of_nested_children_equals_its_runs(tmp_path, spark, stor
     assert nested.run(plan="incremental")["resolve"]["affected_keys"] == 2
 
 
+@pytest.mark.plan_path
 def test_a_parent_with_more_children_than_max_children_fails_the_run_naming_it(tmp_path, spark, storage):
     nested = _loaded(tmp_path, spark, storage, max_children=3)
     nested.upsert("orders", *[{"id": o, "cust": 2, "total": 0} for o in (10, 11)])
@@ -156,6 +163,7 @@ def test_a_parent_with_more_children_than_max_children_fails_the_run_naming_it(t
     assert nested.pipeline.verify().ok
 
 
+@pytest.mark.plan_path
 @pytest.mark.parametrize("plan", ["incremental", "recompute"])
 def test_children_naming_no_parent_count_for_no_cap_and_reach_no_row(tmp_path, spark, storage, plan):
     # Guest orders, or orders landing before their customer: more of them than max_children

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.support import make_pipeline, silver_rows, subscriptions
+
+pytestmark = [pytest.mark.kip213, pytest.mark.connect]
 
 
 class Lsn:

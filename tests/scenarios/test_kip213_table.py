@@ -15,6 +15,8 @@ import pytest
 
 from tests.support import LHS_RHS_TABLES, make_pipeline, silver_rows
 
+pytestmark = [pytest.mark.kip213, pytest.mark.connect]
+
 LHS = "lhs"
 RHS = "rhs"
 

@@ -350,6 +350,7 @@ def test_tables_that_grow_by_a_file_per_run_are_compacted_by_the_maintenance_pol
     assert pipeline.verify().ok
 
 
+@pytest.mark.storage_path
 def test_maintenance_purges_the_silver_rows_deletion_vectors_hide(tmp_path, spark, storage, monkeypatch):
     from cdc_join.run import maintenance
     from cdc_join.run.maintenance import optimize_pipeline

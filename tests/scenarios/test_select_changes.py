@@ -18,6 +18,8 @@ from cdc_join.landing.event_writer import EventWriter
 from cdc_join.run.pipeline import Pipeline
 from tests.support import LHS_RHS_TABLES, make_pipeline, silver_rows
 
+pytestmark = [pytest.mark.redefinition]
+
 LHS = LHS_RHS_TABLES["lhs"]
 
 

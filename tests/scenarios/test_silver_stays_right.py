@@ -221,6 +221,7 @@ def test_a_column_that_widens_evolves_bronze_state_and_silver(tmp_path, spark, s
     assert pipeline.verify().ok
 
 
+@pytest.mark.storage_path
 def test_an_array_that_held_only_empty_arrays_keeps_them_until_its_first_element_types_it(
     tmp_path, spark, storage
 ):
@@ -597,6 +598,7 @@ def test_a_source_keeps_the_sequence_rule_its_bronze_events_were_ordered_by(tmp_
     assert default.verify().ok
 
 
+@pytest.mark.storage_path
 def test_a_map_column_in_silver_is_updated_and_left_alone_like_any_other(tmp_path, spark, storage):
     """Spark cannot compare maps (``<=>`` refuses them), so a MERGE that compared silver's
     columns one by one failed on delta-spark for a ``select`` giving a map. Silver's MERGE
@@ -630,6 +632,7 @@ def _reloaded(pipeline: Pipeline, **changes) -> Pipeline:
     return Pipeline(load_config(path), pipeline.spark, pipeline.storage)
 
 
+@pytest.mark.storage_path
 def test_silver_without_a_change_feed_stays_right_and_keeps_one_again_once_turned_back_on(
     tmp_path, spark, storage
 ):
@@ -683,6 +686,7 @@ def test_a_killed_run_whose_rows_are_all_a_state_table_holds_needs_no_full_refre
     assert pipeline.verify().ok
 
 
+@pytest.mark.storage_path
 def test_silver_records_the_types_of_the_bronze_it_pinned_not_of_a_later_ingest(
     tmp_path, spark, storage, monkeypatch
 ):

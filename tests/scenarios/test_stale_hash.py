@@ -15,6 +15,8 @@ from cdc_join.columns import LHS_HASH, WRITTEN
 from cdc_join.join import lookup, resolve, state
 from tests.support import make_pipeline, silver_rows, subscriptions
 
+pytestmark = [pytest.mark.kip213]
+
 
 def _responses_for_right_key(pipeline, key: int):
     """The subscribers a change of right key ``key`` finds (KIP-213: the responses it sends)."""

@@ -102,6 +102,7 @@ def test_an_unreachable_connect_server_is_refused_within_the_deadline():
     assert time.monotonic() - began < 10
 
 
+@pytest.mark.connect
 def test_the_session_started_here_has_every_local_setting(spark):
     # Run over Spark Connect too (CI): a local Connect server is started by this process.
     assert spark.conf.get("spark.driver.memory") == session.LOCAL_DEFAULTS["spark.driver.memory"]

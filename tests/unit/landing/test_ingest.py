@@ -194,6 +194,7 @@ def test_a_byte_order_mark_and_a_final_cr_are_dropped_and_blank_lines_found_as_t
     assert [got_rows[i] for i in range(len(LINE_CLEANING))] == [(c, b) for _, c, b in LINE_CLEANING]
 
 
+@pytest.mark.storage_path
 @pytest.mark.parametrize("crash_after", ["bronze", "quarantine"])
 def test_a_run_killed_between_writes_is_completed_exactly_once_by_the_next(
     spark, storage, landed, crash_after, batch_path
@@ -393,6 +394,7 @@ def pipeline_again(config: PipelineConfig) -> PipelineConfig:
     return dataclasses.replace(config, landing_lookback_hours=None)
 
 
+@pytest.mark.storage_path
 def test_a_json_array_file_is_quarantined_once_with_one_reason(spark, storage, tmp_path, batch_path):
     from cdc_join.landing.outcome import JSON_ARRAY_REASON
 
@@ -512,6 +514,7 @@ def cached_rdds(spark) -> int:
     return spark.sparkContext._jsc.getPersistentRDDs().size()
 
 
+@pytest.mark.storage_path
 def test_an_ingest_leaves_nothing_in_spark_s_cache(spark, storage, landed, batch_path):
     # The parsed lines are cached for the length of one batch: a scheduled job ingesting
     # every few minutes must not pin every batch it ever read in executor memory.

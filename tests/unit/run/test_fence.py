@@ -15,6 +15,9 @@ KV = StructType([StructField("id", LongType(), False), StructField("v", StringTy
 WIDER = StructType([*KV.fields, StructField("w", StringType(), True)])
 
 
+pytestmark = pytest.mark.race  # another writer moved the table
+
+
 def test_a_metadata_change_on_a_table_another_writer_moved_stops_the_run(tmp_path, spark, storage):
     path = str(tmp_path / "silver")
     storage.create(path, KV)
