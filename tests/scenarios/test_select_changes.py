@@ -87,6 +87,7 @@ def test_an_added_column_is_filled_for_every_row_with_silver_history_kept(tmp_pa
     assert wider.run().steps["plan"]["decision"] == "incremental"  # once applied, runs go on as usual
 
 
+@pytest.mark.storage_path  # schema replacement and widening differ by backend
 def test_a_dropped_or_retyped_column_replaces_silver_s_schema_in_one_commit(tmp_path, spark, storage):
     pipeline, w = _started(tmp_path, spark, storage)
     path = pipeline.config.silver_path
@@ -330,6 +331,7 @@ def _decimal_event(key: str, fk: int, unscaled: int, scale: int, precision: int,
     return json.dumps({"schema": schema, "payload": payload})
 
 
+@pytest.mark.storage_path  # schema replacement and widening differ by backend
 def test_a_source_column_whose_type_changes_recomputes_every_row(tmp_path, spark, storage):
     # A value of `select` may depend on a type, not only on a value: the text of a decimal
     # whose scale grew. The rows that did not change must get the new text too.
