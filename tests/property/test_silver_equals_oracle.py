@@ -28,7 +28,7 @@ left. The generators draw what real data has:
 The oracle recomputes, in plain Python from the delivered events, each source's current rows
 (compared with its state table: a wrong newest event shows there even when no silver row
 carries that row) and their join (compared with silver). Examples:
-``CDC_JOIN_PROPERTY_EXAMPLES`` (default 3; CI runs 4 more on delta-rs and 3 on delta-spark over
+``CDC_JOIN_PROPERTY_EXAMPLES`` (default 3; CI runs 4 on delta-rs and 3 on delta-spark over
 Spark Connect), or ``CDC_JOIN_PROPERTY_PROFILE=slow`` for 300 with shrinking.
 """
 

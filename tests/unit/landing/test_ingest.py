@@ -13,6 +13,7 @@ from deltalake import DeltaTable
 from pyspark.sql import functions as F
 
 from cdc_join.config import PipelineConfig, parse_config
+from cdc_join.errors import ConcurrentRunError
 from cdc_join.landing.debezium import EVENT_COLUMNS
 from cdc_join.landing.ingest import STEPS, IngestReport, beyond_lookback, ingest_all, ingest_source
 from cdc_join.landing.listing import list_landing, read_lines
@@ -230,6 +231,34 @@ def test_a_run_killed_between_writes_is_completed_exactly_once_by_the_next(
     )
     assert (log["bad.jsonl"].events, log["bad.jsonl"].quarantined) == (1, 2)
     assert (log[TOMBSTONE].tombstones, log[TOMBSTONE].events) == (1, 0)
+
+
+@pytest.mark.race
+def test_two_ingests_of_one_batch_that_both_find_it_new_write_each_line_once(
+    spark, storage, landed, monkeypatch
+):
+    # Both look at bronze before either writes, so both would append the batch: the second
+    # append, at the version the first moved, is refused (the run stops as a lost race), and
+    # bronze holds each line once; the loser's rerun finds the batch ingested.
+    import cdc_join.landing.ingest as ingest
+
+    real = ingest._holds_lines_of
+    raced: list[bool] = []
+
+    def look_then_let_the_other_win(*args):
+        held = real(*args)
+        if not raced:
+            raced.append(True)
+            ingest_source(spark, storage, landed, "customers")  # the other ingest, start to end
+        return held
+
+    monkeypatch.setattr(ingest, "_holds_lines_of", look_then_let_the_other_win)
+    with pytest.raises(ConcurrentRunError, match="another writer committed to it first"):
+        ingest_source(spark, storage, landed, "customers")
+    assert raced and bronze_keys(spark, storage, landed) == EXPECTED_BRONZE
+
+    assert ingest_source(spark, storage, landed, "customers").files == 0
+    assert bronze_keys(spark, storage, landed) == EXPECTED_BRONZE
 
 
 @pytest.fixture(scope="module")
