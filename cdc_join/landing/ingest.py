@@ -520,11 +520,7 @@ def _write_bronze(
 
 def _holds_lines_of(storage: Storage, path: str, names: Sequence[str], version: int) -> bool:
     """Whether bronze (at ``version``) holds a line of one of the files ``names`` (sorted)."""
-    candidates = [
-        f.path
-        for f in storage.files(path, version)
-        if f.num_records != 0 and _may_hold(names, f.min_values.get("_file"), f.max_values.get("_file"))
-    ]
+    candidates = _files_that_may_hold(storage, path, "_file", names, version)
     if not candidates:
         return False
     found = storage.read_rows(path, "_file", names, version, candidates)
@@ -617,11 +613,7 @@ def logged_files(
     if not storage.exists(config.ingest_log_path) or not any(listed.values()):
         return {}
     names = sorted({f.name for files in listed.values() for f in files})
-    wanted = [
-        f.path
-        for f in storage.files(config.ingest_log_path)
-        if f.num_records != 0 and _may_hold(names, f.min_values.get("file"), f.max_values.get("file"))
-    ]
+    wanted = _files_that_may_hold(storage, config.ingest_log_path, "file", names)
     if not wanted:
         return {}
     present = set(storage.schema(config.ingest_log_path).names)
@@ -636,6 +628,18 @@ def logged_files(
                 row["size"], None if modified is None else _epoch_ms(modified), row.get("content_md5")
             )
     return done
+
+
+def _files_that_may_hold(
+    storage: Storage, path: str, column: str, names: Sequence[str], version: int | None = None
+) -> list[str]:
+    """The data files of ``path`` (at ``version``) whose ``column`` statistics range may hold one
+    of the sorted ``names``: read from the table's file list, no Spark job."""
+    return [
+        f.path
+        for f in storage.files(path, version)
+        if f.num_records != 0 and _may_hold(names, f.min_values.get(column), f.max_values.get(column))
+    ]
 
 
 def _may_hold(names: Sequence[str], low: Any, high: Any) -> bool:
