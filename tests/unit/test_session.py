@@ -3,6 +3,7 @@ taken from the cache once they were resolved."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -108,3 +109,27 @@ def test_the_session_started_here_has_every_local_setting(spark):
     assert spark.conf.get("spark.driver.memory") == session.LOCAL_DEFAULTS["spark.driver.memory"]
     assert "-XX:-DontCompileHugeMethods" in spark.conf.get("spark.driver.defaultJavaOptions")
     assert spark.conf.get("spark.ui.enabled") == "false"
+
+
+@pytest.mark.deep
+def test_a_session_started_here_runs_its_jvm_in_utc_on_a_machine_in_another_zone(tmp_path):
+    # Delta rebuilds a small table's state after every commit to check its checksum's file list
+    # when the session's, the JVM's or the system property's zone is not UTC: one Spark job per
+    # commit. A new process (its JVM takes the zone at start) on a machine in Los Angeles.
+    script = textwrap.dedent(
+        """
+        from cdc_join.session import get_spark
+        spark = get_spark("tz", {"spark.master": "local[1]"}, storage="delta-spark")
+        jvm = spark._jvm
+        print(jvm.java.util.TimeZone.getDefault().getID())
+        print(jvm.java.lang.System.getProperty("user.timezone"))
+        snapshot = getattr(getattr(jvm.org.apache.spark.sql.delta, "Snapshot$"), "MODULE$")
+        print(snapshot.allFilesInCrcVerificationForceEnabled(spark._jsparkSession))
+        """
+    )
+    env = {**os.environ, "TZ": "America/Los_Angeles", "CDC_JOIN_STORAGE": "delta-spark"}
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["UTC", "UTC", "False"]
