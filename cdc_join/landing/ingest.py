@@ -15,9 +15,11 @@ instead of JSON lines is quarantined with one reason for the whole file.
 Exactly once, even when a run is killed between any two steps, comes from the order of the
 writes and from making each write idempotent:
 
-1. bronze: an INSERT-only MERGE on ``(_file, _line)``: a line already there is skipped;
-2. quarantine: the same on ``(source, _file, _line)``;
-3. the ingest log, appended last: once a file is named there it is never read again.
+1. bronze: an append when bronze holds no line of the batch's files, else an INSERT-only MERGE
+   on ``(_file, _line)``: a line already there is skipped;
+2. quarantine: the same MERGE on ``(source, _file, _line)``;
+3. the ingest log, appended last (once for all sources, by :func:`ingest_all`): once a file is
+   named there it is never read again.
 
 A run killed before step 3 leaves its files out of the log, so the next run reads them again,
 and the two MERGEs insert only the lines the killed run did not write.
@@ -206,12 +208,16 @@ def ingest_all(
 
     The landing folders are listed first (with ``landing_lookback_hours``, only files modified
     since the newest ingest minus the lookback), then the ingest log is read once for all of
-    them, and only its data files whose name range can hold a listed file.
+    them, and only its data files whose name range can hold a listed file. The ingest log's
+    rows of every source's files are appended in one commit, once every source's bronze holds
+    their lines (a run killed before it reads those files again, and bronze takes none of their
+    lines twice, see :func:`_write_bronze`).
     """
     found = list_folders(spark, config, _listing_since(storage, config))
     listed = {name: landing_files(files) for name, files in found.items()}
     done = logged_files(storage, config, listed)
-    return {
+    log: list[pa.Table] = []
+    reports = {
         name: ingest_source(
             spark,
             storage,
@@ -223,9 +229,14 @@ def ingest_all(
             unread=unread_files(found[name]),
             missing=found[name] is None,
             progress=progress,
+            log=log,
         )
         for name, files in listed.items()
     }
+    if log:
+        _write_log(spark, storage, config.ingest_log_path, log)
+        _after(after_step, "log")
+    return reports
 
 
 def ingest_source(
@@ -240,9 +251,9 @@ def ingest_source(
     unread: Sequence[str] = (),
     missing: bool = False,
     progress: Callable[[str], None] | None = None,
+    log: list[pa.Table] | None = None,
 ) -> IngestReport:
-    """Ingest the landing files of one source that the ingest log does not name yet; return
-    the counts (all zero when there was nothing new).
+    """Ingest one source's landing files the ingest log does not name yet; its counts (zeros: none).
 
     Args:
         after_step: called with each name of :data:`STEPS` after that write; an exception it
@@ -251,10 +262,11 @@ def ingest_source(
         listed: the source's landing files, when the caller has listed them (then ``unread``
             names the folder's other files, and ``missing`` says the folder does not exist).
         progress: called with a line before and after parsing new files (for long ingests).
+        log: where the ingest log's rows are left for the caller (default: appended here).
 
     Raises:
         InputError: the source has no landing folder, a file it already ingested has changed,
-            or its lines cannot be ingested as a whole (see :func:`cdc_join.landing.debezium.parse_events`).
+            or its lines cannot be ingested as a whole (:func:`~cdc_join.landing.debezium.parse_events`).
     """
     started = time.monotonic()
     source = config.sources[source_name]
@@ -270,7 +282,7 @@ def ingest_source(
     say = _Progress(source_name, progress if pending else None, started)
     say.before(pending)
     counts, reasons, unavailable, rule = (
-        _ingest_files(spark, storage, config, source_name, pending, after_step)
+        _ingest_files(spark, storage, config, source_name, pending, after_step, log)
         if pending
         else ({}, {}, {}, "")
     )
@@ -364,6 +376,7 @@ def _ingest_files(
     source_name: str,
     pending: Sequence[LandedFile],
     after_step: StepHook | None,
+    log: list[pa.Table] | None,
 ) -> tuple[dict[str, FileCounts], dict[str, int], dict[str, int], str]:
     """Parse ``pending`` (one Spark job for the batch's schemas, one counting its lines: see
     :mod:`cdc_join.landing.outcome`), then write them from Spark (from its cache for a batch of
@@ -394,7 +407,7 @@ def _ingest_files(
         )
         outcome = parsed.with_unreadable(spark, source_name, unreadable)
     try:
-        counts = _write_all(spark, storage, config, source_name, pending, outcome, after_step)
+        counts = _write_all(spark, storage, config, source_name, pending, outcome, after_step, log)
         return counts, outcome.reasons(), dict(outcome.unavailable), outcome.sequence_rule
     finally:
         outcome.release()
@@ -465,17 +478,21 @@ def _write_all(
     pending: Sequence[LandedFile],
     outcome: Outcome,
     after_step: StepHook | None,
+    log: list[pa.Table] | None,
 ) -> dict[str, FileCounts]:
-    """The three writes, in the order that makes a killed run safe to repeat."""
+    """The three writes, in the order that makes a killed run safe to repeat (the ingest log's
+    left in ``log`` when the caller appends it)."""
     _write_bronze(storage, config.bronze_path(source_name), source_name, outcome, pending)
     _after(after_step, "bronze")
     if outcome.quarantined:
         storage.create(config.quarantine_path, QUARANTINE_TABLE_SCHEMA, cdf=True)
         storage.merge(config.quarantine_path, outcome.quarantine, _QUARANTINE_MERGE)
     _after(after_step, "quarantine")
-    _append_log(
-        spark, storage, config.ingest_log_path, source_name, pending, outcome.counts, outcome.ingested_at
-    )
+    rows = _log_rows(source_name, pending, outcome.counts, outcome.ingested_at)
+    if log is not None:
+        log.append(rows)
+        return outcome.counts
+    _write_log(spark, storage, config.ingest_log_path, [rows])
     _after(after_step, "log")
     return outcome.counts
 
@@ -530,16 +547,10 @@ def _holds_lines_of(storage: Storage, path: str, names: Sequence[str], version: 
     return bool(rows.limit(1).count())
 
 
-def _append_log(
-    spark: SparkSession,
-    storage: Storage,
-    path: str,
-    source_name: str,
-    pending: Sequence[LandedFile],
-    counts: Mapping[str, FileCounts],
-    ingested_at: datetime,
-) -> None:
-    """One row per file read, including files without a single line (built on the driver)."""
+def _log_rows(
+    source_name: str, pending: Sequence[LandedFile], counts: Mapping[str, FileCounts], ingested_at: datetime
+) -> pa.Table:
+    """The ingest log's row of each file read, including files without a single line."""
     rows = []
     for f in pending:
         c = counts.get(f.name, FileCounts())
@@ -548,13 +559,17 @@ def _append_log(
         )
         counts_of_file = (c.lines, c.events, c.quarantined, c.tombstones)
         rows.append((source_name, f.name, f.size, *counts_of_file, ingested_at, modified, _content_md5(f)))
-    table = pa.Table.from_pylist(
+    return pa.Table.from_pylist(
         [dict(zip(INGEST_LOG_SCHEMA.names, r, strict=True)) for r in rows],
         schema=arrow_schema(INGEST_LOG_SCHEMA),
     )
+
+
+def _write_log(spark: SparkSession, storage: Storage, path: str, tables: Sequence[pa.Table]) -> None:
+    """Append the ingest log's rows (of one or more sources) in one commit."""
     if not storage.create(path, INGEST_LOG_SCHEMA, cdf=True):
         storage.evolve(path, INGEST_LOG_SCHEMA)  # a log written before it kept modified_at, content_md5
-    storage.append(path, from_arrow(spark, INGEST_LOG_SCHEMA, table))
+    storage.append(path, from_arrow(spark, INGEST_LOG_SCHEMA, pa.concat_tables(tables)))
 
 
 def _listing_since(storage: Storage, config: PipelineConfig) -> datetime | None:

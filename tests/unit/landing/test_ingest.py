@@ -261,6 +261,52 @@ def test_two_ingests_of_one_batch_that_both_find_it_new_write_each_line_once(
     assert bronze_keys(spark, storage, landed) == EXPECTED_BRONZE
 
 
+@pytest.mark.kill
+def test_every_source_s_files_are_logged_in_one_commit_once_every_bronze_has_them(spark, storage, tmp_path):
+    # Killed after the second source's bronze write: neither source's files are logged yet, so
+    # the next ingest reads both again, and bronze holds each line once.
+    spec = {
+        "name": "two_sources",
+        "lake": "lake",
+        "sources": {
+            name: {"landing": f"landing/{name}", "primary_key": ["id"]} for name in ("customers", "copies")
+        },
+        "left": "customers",
+        "joins": [{"right": "copies", "foreign_key": ["id"]}],
+        "select": {"customer_id": "customers.id"},
+        "output": "out",
+    }
+    for name in ("customers", "copies"):
+        (tmp_path / "landing" / name).mkdir(parents=True)
+        shutil.copy(FIXTURES / CUSTOMERS, tmp_path / "landing" / name / CUSTOMERS)
+    config = parse_config(spec, base_dir=tmp_path)
+    bronzes = [config.bronze_path("customers"), config.bronze_path("copies")]
+    seen: list[str] = []
+
+    def crash(step: str) -> None:
+        seen.append(step)
+        if seen.count("bronze") == 2:
+            raise Crash(step)
+
+    with pytest.raises(Crash):
+        ingest_all(spark, storage, config, after_step=crash)
+    assert not storage.exists(config.ingest_log_path)
+
+    steps: list[str] = []
+    reports = ingest_all(spark, storage, config, after_step=steps.append)
+
+    assert steps == ["bronze", "quarantine", "bronze", "quarantine", "log"]
+    assert {name: r.events for name, r in reports.items()} == {"customers": 10, "copies": 10}
+    for path in bronzes:
+        rows = storage.read(path).groupBy("_file", "_line").count()
+        assert (rows.count(), rows.filter("count > 1").count()) == (10, 0)
+    log = storage.read(config.ingest_log_path)
+    logged = sorted((r.source, r.file) for r in log.collect())
+    assert logged == [("copies", CUSTOMERS), ("customers", CUSTOMERS)]
+    assert storage.version(config.ingest_log_path) == 1  # created, then one append
+    assert all(ingest_all(spark, storage, config)[name].files == 0 for name in ("customers", "copies"))
+
+
 @pytest.fixture(scope="module")
 def ingested(spark, storage, tmp_path_factory) -> tuple[PipelineConfig, IngestReport]:
     """The three files of :func:`land_three_files`, ingested once by ``ingest_all``."""
