@@ -151,6 +151,8 @@ _CHANGE_DATA_FEED = "delta.enableChangeDataFeed"
 _DATABRICKS_ONLY_PROPERTIES = frozenset({"delta.targetfilesize", "delta.tunefilesizesforrewrites"})
 # Snapshots' file lists kept per backend (a keyed read lists a version twice).
 _FILE_LISTS_KEPT = 8
+# Local tables' schemas kept per backend (by commit file).
+_SCHEMAS_KEPT = 256
 # OPTIMIZE's target size is a session setting: one OPTIMIZE at a time sets it in this process.
 _SESSION_CONF_LOCK = threading.Lock()
 
@@ -387,6 +389,8 @@ class DeltaSparkStorage:
         # Locations delta-rs failed to open: not tried again (an object store without
         # credentials can make every attempt wait for credential lookups to time out).
         self._delta_rs_failed: set[str] = set()
+        # A local table's commit file (path, version, inode, mtime, size) → the schema it leaves.
+        self._schemas: dict[tuple[str, int, int, int, int], StructType] = {}
 
     # ------------------------------------------------------------------ helpers
 
@@ -436,6 +440,27 @@ class DeltaSparkStorage:
             if version is not None:
                 reader = reader.option("versionAsOf", int(version))
             return reader.load(self._location(path))
+
+    def _stored_schema(self, path: str) -> StructType:
+        """The table's latest schema as stored. A local table's is kept per commit file (a run
+        reads a table's schema several times between two of its commits; a table deleted and
+        created again has new files); other tables' is read each time."""
+        log = _local_log(path)
+        version = None if log is None else _local_log_version(log)
+        if log is None or version is None:
+            return self._stored(path).schema
+        try:
+            commit = os.stat(os.path.join(log, f"{version:020d}.json"))
+        except FileNotFoundError:
+            return self._stored(path).schema
+        key = (os.path.abspath(log), version, commit.st_ino, commit.st_mtime_ns, commit.st_size)
+        found = self._schemas.get(key)
+        if found is None:
+            found = self._stored(path, version).schema
+            if len(self._schemas) >= _SCHEMAS_KEPT:
+                self._schemas.clear()
+            self._schemas[key] = found
+        return found
 
     def _save(self, writer: Any, path: str) -> None:
         if is_table_name(path):
@@ -658,7 +683,7 @@ class DeltaSparkStorage:
 
     def schema(self, path: str) -> StructType:
         """The table's current schema (nullability as declared in the table)."""
-        return logical_schema(self._stored(path).schema)
+        return logical_schema(self._stored_schema(path))
 
     def history(self, path: str, limit: int | None = None) -> list[dict[str, Any]]:
         """Commits newest first (see :func:`cdc_join.storage.base.normalize_history_entry`)."""
@@ -753,7 +778,7 @@ class DeltaSparkStorage:
         self._check_version(path, expected_version)
         replacing = option == ("overwriteSchema", "true")
         if not replacing and self.exists(path):
-            df = _typed_before(df, self._stored(path).schema, path)
+            df = _typed_before(df, self._stored_schema(path), path)
         if has_untyped(df.schema):
             df = to_stored(df, None if replacing else self.schema(path))
         if option is not None:
@@ -799,7 +824,7 @@ class DeltaSparkStorage:
         if spec.delete_condition is None and not spec.update and not spec.insert:
             raise ValueError("MergeSpec has no clause: set delete_condition, update or insert")
         self._check_version(path, expected_version)
-        stored = self._stored(path).schema
+        stored = self._stored_schema(path)
         frame = to_stored(_typed_before(frame_of(source), stored, path), logical_schema(stored))
         target_columns = stored.names
         plan = plan_merge(frame.columns, target_columns, spec)
@@ -853,7 +878,7 @@ class DeltaSparkStorage:
         """Add ``schema``'s new columns; widen types in place with Delta's type widening
         (``delta.enableTypeWidening`` is turned on for it: no file is rewritten), or, where Delta
         cannot widen a type, by rewriting the table once with ``overwriteSchema``."""
-        stored = self._stored(path).schema
+        stored = self._stored_schema(path)
         current = logical_schema(stored)
         target = merge_schemas(current, schema)
         # A void under an array or a map as delta-rs writes it: Delta (Spark) cannot write to

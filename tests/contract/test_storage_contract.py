@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import shutil
 import threading
 import uuid
 from datetime import date, datetime, timedelta, timezone
@@ -440,6 +441,19 @@ def test_append_merge_schema(store, spark, tmp_path):
         {"id": 1, "seq": 1, "v": "a", "flag": None},
         {"id": 2, "seq": 1, "v": "b", "flag": True},
     ]
+
+
+def test_a_table_deleted_and_created_again_has_its_new_schema(store, spark, tmp_path):
+    # The schema a backend keeps for a version of a local table is that table's, not a former
+    # one's at the same path and version.
+    path = str(tmp_path / "t")
+    kv_table(store, spark, path, [(1, 1, "a")])
+    assert store.schema(path).names == ["id", "seq", "v"]
+    shutil.rmtree(path)
+    store.create(path, StructType([StructField("other", StringType())]))
+    store.append(path, spark.createDataFrame([("x",)], "other string"))
+    assert store.schema(path).names == ["other"]
+    assert rows(store.read(path), "other") == [{"other": "x"}]
 
 
 def test_evolve_adds_columns_and_widens_types_keeping_rows(store, spark, tmp_path):
