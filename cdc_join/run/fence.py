@@ -196,6 +196,22 @@ class Fenced:
         )
         return self._wrote(path, written)
 
+    def replace_keys(
+        self,
+        path: str,
+        rows: Rows,
+        columns: Sequence[str],
+        keys: pa.Table,
+        *,
+        expected_version: int | None = None,
+        note: str | None = None,
+    ) -> WriteMetrics:
+        expected = self._expected(path, expected_version)
+        written = self.inner.replace_keys(
+            path, rows, columns, keys, expected_version=expected, note=note or self.note
+        )
+        return self._wrote(path, written)
+
     def merge(
         self,
         path: str,

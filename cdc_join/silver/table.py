@@ -31,12 +31,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, MapType, StructField, StructType
 
-from cdc_join.changeset import Rows, collect, from_arrow
+from cdc_join.changeset import ChangeSet, Rows, collect, distinct_rows, found_in, from_arrow
 from cdc_join.columns import (
     ACTION,
     CHANGE_DATA_FEED_PROPERTY,
@@ -50,7 +51,7 @@ from cdc_join.config import JoinConfig, PipelineConfig
 from cdc_join.errors import ConcurrentRunError
 from cdc_join.join import hashing
 from cdc_join.schemas import exact_json, quote, widens_to
-from cdc_join.storage import MergeSpec, Storage
+from cdc_join.storage import MergeSpec, Storage, keyed
 
 
 @dataclass(frozen=True)
@@ -261,9 +262,9 @@ def write_all(
     counts."""
     path = config.silver_path
     if expected_version is not None and replace:
-        return _replace(storage, config, rows, expected_version, replace)
+        return _replace_all(storage, config, rows, expected_version, replace)
     if expected_version is not None and _reshaped(storage.schema(path), _columns(rows.schema)):
-        return _replace(storage, config, rows, expected_version, "columns dropped or retyped")
+        return _replace_all(storage, config, rows, expected_version, "columns dropped or retyped")
     expected = prepare(storage, config, rows, expected_version)
     if expected_version is None:
         # Silver was created by this run and is empty: its rows are the upserts, written as
@@ -278,13 +279,13 @@ def write_all(
         return dict(NOTHING)
     if pc.max(found.column(COPIES)).as_py() > 1:
         # Written by hand or by another tool: a MERGE would update every copy alike.
-        return _replace(storage, config, rows, expected, "keys held more than once")
+        return _replace_all(storage, config, rows, expected, "keys held more than once")
     schema = StructType([f for f in changes.schema.fields if f.name != COPIES])
     rows_to_merge = from_arrow(storage.spark, schema, found.drop_columns([COPIES]))
     return merge(storage, config, rows_to_merge, expected_version=expected, compared=True).as_counts()
 
 
-def _replace(
+def _replace_all(
     storage: Storage, config: PipelineConfig, rows: DataFrame, expected_version: int, why: str
 ) -> dict[str, Any]:
     """Replace silver's rows (and schema) with the upserts of ``rows`` in one overwrite commit."""
@@ -326,6 +327,9 @@ def merge(
     with ``compared``, the rows are known to differ already (:func:`differences` compared
     their values) and every one updates.
     """
+    replaced = _replace(storage, config, rows, expected_version, compared)
+    if replaced is not None:
+        return replaced
     keys = silver_key_columns(config)
     upsert = f"s.{ACTION} = 'upsert'"
     metrics = storage.merge(
@@ -353,6 +357,75 @@ def merge(
         version=metrics.version,
         rows_written=None if copied is None else inserted + updated + int(copied),
     )
+
+
+def _replace(
+    storage: Storage, config: PipelineConfig, rows: Rows, expected_version: int | None, compared: bool
+) -> SilverReport | None:
+    """The MERGE of :func:`merge` as one commit that deletes the rows of the keys that change
+    and appends their new rows, where the backend marks deleted rows instead of rewriting files
+    (``Storage.replaces_keys_in_place``: delta-spark's deletion vectors); ``None`` where it
+    does not apply, and the MERGE runs.
+
+    Delta's MERGE with the change data feed reads every column of every file it touches for
+    the pre-images; the replace reads silver's key and ``_values_hash`` columns of the rows'
+    keys, leaves out upserts whose hash silver holds and deletes of keys silver lacks, as the
+    MERGE's conditions would, and writes the rest. Its feed has ``delete`` and ``insert``
+    where the MERGE's has ``update_preimage`` and ``update_postimage`` (docs/storage.md).
+    """
+    if not getattr(storage, "replaces_keys_in_place", False) or expected_version is None:
+        return None
+    if compared or not isinstance(rows, ChangeSet) or VALUES_HASH not in rows.schema.names:
+        return None  # (a recompute's differences: its MERGE tells inserts from updates)
+    path, keys = config.silver_path, silver_key_columns(config)
+    written = [n for n in rows.schema.names if n != ACTION]
+    held = {f.name: f.dataType for f in storage.schema(path).fields}
+    if held != {n: rows.schema[n].dataType for n in written}:
+        return None  # a column silver or the rows lack, or a wider type: the MERGE evolves silver
+    table = rows.table
+    named = distinct_rows(table, keys)
+    if not keyed.nameable(named):
+        return None
+    hashes = _held_hashes(storage, path, keys, named)
+    present = found_in(table, hashes, keys)
+    same = found_in(table, hashes, [*keys, VALUES_HASH])
+    upserts = pc.and_(pc.equal(table.column(ACTION), "upsert"), pc.invert(same))
+    new = pc.and_(upserts, pc.invert(present))
+    deletes = pc.and_(pc.equal(table.column(ACTION), "delete"), present)
+    changing = table.filter(pc.or_(upserts, deletes))
+    if not changing.num_rows:
+        return SilverReport(0, 0, 0, 0, 0, storage.version(path), rows_written=0)
+    inserted, upserted, deleted = (_count(m) for m in (new, upserts, deletes))
+    kept = table.filter(upserts).select(written)
+    schema = StructType([rows.schema[n] for n in written])
+    metrics = storage.replace_keys(
+        path,
+        from_arrow(storage.spark, schema, kept),
+        keys,
+        distinct_rows(changing, keys),
+        expected_version=expected_version,
+    )
+    return SilverReport(
+        inserted=inserted,
+        updated=upserted - inserted,
+        deleted=deleted,
+        files_added=metrics.files_added,
+        files_removed=metrics.files_removed,
+        version=metrics.version,
+        rows_written=kept.num_rows,
+    )
+
+
+def _count(mask: Any) -> int:
+    return int(pc.sum(pc.cast(mask, pa.int64())).as_py() or 0)
+
+
+def _held_hashes(storage: Storage, path: str, keys: Sequence[str], named: pa.Table) -> pa.Table:
+    """Silver's keys and ``_values_hash`` for the keys of ``named`` (a row without the hash,
+    written before silver had it, holds null there: it matches no upsert and is rewritten)."""
+    first = named.column(keys[0]).to_pylist()
+    found = storage.read(path).filter(F.col(quote(keys[0])).isin(first))
+    return collect(found.select(*[F.col(quote(k)) for k in keys], F.col(VALUES_HASH)))
 
 
 def _differ(config: PipelineConfig, rows: Rows) -> str:

@@ -144,6 +144,9 @@ class Storage(Protocol):
 
     name: str
     spark: SparkSession
+    #: Whether :meth:`replace_keys` marks the rows it deletes (deletion vectors) instead of
+    #: rewriting the files that hold them: then it is cheaper than a MERGE of the same keys.
+    replaces_keys_in_place: bool
 
     def exists(self, path: str) -> bool: ...
 
@@ -210,6 +213,22 @@ class Storage(Protocol):
         expected_version: int | None = None,
         note: str | None = None,
     ) -> WriteMetrics: ...
+
+    def replace_keys(
+        self,
+        path: str,
+        rows: Rows,
+        columns: Sequence[str],
+        keys: pa.Table,
+        *,
+        expected_version: int | None = None,
+        note: str | None = None,
+    ) -> WriteMetrics:
+        """In one commit, delete every row whose ``columns`` equal one of ``keys``' rows and
+        append ``rows`` (each of whose keys must be among ``keys``; the write fails otherwise).
+        ``keys`` must be :func:`cdc_join.storage.keyed.nameable`. A key ``keys`` names and
+        ``rows`` lacks ends deleted."""
+        ...
 
     def delete(self, path: str, predicate: str | None = None) -> WriteMetrics: ...
 

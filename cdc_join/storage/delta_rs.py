@@ -98,6 +98,7 @@ from cdc_join.changeset import (
 from cdc_join.errors import ConcurrentRunError, StorageError
 from cdc_join.locations import has_scheme, is_table_name, local_path
 from cdc_join.schemas import changed_types, conform, merge_schemas, nullable
+from cdc_join.storage import keyed
 from cdc_join.storage.base import (
     FileStats,
     MergeSpec,
@@ -435,6 +436,8 @@ class DeltaRsStorage:
     """
 
     name = "delta-rs"
+    #: A keyed replace rewrites every file it touches (delta-rs writes no deletion vectors).
+    replaces_keys_in_place = False
 
     def __init__(self, spark: SparkSession, storage_options: dict[str, str] | None = None) -> None:
         self.spark = spark
@@ -885,6 +888,21 @@ class DeltaRsStorage:
             note=note,
         )
 
+    def replace_keys(
+        self,
+        path: str,
+        rows: Rows,
+        columns: Sequence[str],
+        keys: pa.Table,
+        *,
+        expected_version: int | None = None,
+        note: str | None = None,
+    ) -> WriteMetrics:
+        """``write_deltalake`` overwriting with the keys as its predicate: one commit, which
+        rewrites every file holding one of the keys (delta-rs writes no deletion vectors)."""
+        where = keyed.delta_rs_predicate(columns, keys)
+        return self._write(path, rows, "overwrite", expected_version, note=note, predicate=where)
+
     def _write(
         self,
         path: str,
@@ -893,13 +911,14 @@ class DeltaRsStorage:
         expected_version: int | None,
         schema_mode: Literal["merge", "overwrite"] | None = None,
         note: str | None = None,
+        predicate: str | None = None,
     ) -> WriteMetrics:
         dt = self._load_for_write(path, expected_version)
         before_version, before = dt.version(), self._file_records(dt, path)
         root, target = table_root(path), pa.schema(dt.schema().to_arrow())
         action, overwrite = ("append to" if mode == "append" else mode), mode == "overwrite"
-        on_driver = isinstance(df, ChangeSet) or arrow_of(df) is not None
-        if schema_mode is None and not on_driver and self._can_spill(df, root):
+        spillable = schema_mode is None and predicate is None
+        if spillable and not isinstance(df, ChangeSet) and arrow_of(df) is None and self._can_spill(df, root):
             scratch = tempfile.mkdtemp(prefix="cdc_join_spill_")
             try:
                 with _delta_errors(action, path):
@@ -918,10 +937,13 @@ class DeltaRsStorage:
                 data,
                 mode=mode,
                 schema_mode=schema_mode,
+                **({"predicate": predicate} if predicate is not None else {}),
                 storage_options=self.storage_options,
                 commit_properties=_guard(expected_version, note),
             )
-        metrics = self._metrics_after(path, before_version, before, count_removed_rows=overwrite)
+        # A predicate's overwrite rewrites files: their rows are not all deleted ones.
+        counted = overwrite and predicate is None
+        metrics = self._metrics_after(path, before_version, before, count_removed_rows=counted)
         return replace(metrics, rows_inserted=int_or_none(metrics.extra["metrics"].get("num_added_rows")))
 
     def merge(

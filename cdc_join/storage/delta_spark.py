@@ -100,6 +100,7 @@ from cdc_join.changeset import ChangeSet, Rows, frame_of, to_arrow
 from cdc_join.errors import ConcurrentRunError, StorageError
 from cdc_join.locations import glob_escape, has_scheme, is_table_name, local_path, quote_table_name
 from cdc_join.schemas import changed_types, conform, merge_schemas, quote, widens_to
+from cdc_join.storage import keyed
 from cdc_join.storage.base import (
     DATA_PRESERVING_OPERATIONS,
     FileStats,
@@ -379,6 +380,8 @@ class DeltaSparkStorage:
     """
 
     name = "delta-spark"
+    #: A keyed replace marks deleted rows in deletion vectors instead of rewriting files.
+    replaces_keys_in_place = True
 
     def __init__(self, spark: SparkSession) -> None:
         self.spark = spark
@@ -765,6 +768,26 @@ class DeltaSparkStorage:
         option = ("overwriteSchema", "true") if replace_schema else None
         return self._write(path, df, "overwrite", option, expected_version, note)
 
+    def replace_keys(
+        self,
+        path: str,
+        rows: Rows,
+        columns: Sequence[str],
+        keys: pa.Table,
+        *,
+        expected_version: int | None = None,
+        note: str | None = None,
+    ) -> WriteMetrics:
+        """Delta's ``replaceWhere`` with the keys as its predicate: one commit whose delete marks
+        the rows in deletion vectors, where the table has them, instead of rewriting their files
+        (and reads only the key columns to find them); the change data feed of a deletion vector
+        is derived from it, so no column is read for it either. A feed reader sees a replaced
+        key as ``delete`` and ``insert`` in one commit (docs/storage.md)."""
+        if str(self.spark.conf.get("spark.sql.parser.escapedStringLiterals", "false")).lower() == "true":
+            raise StorageError("replace_keys needs spark.sql.parser.escapedStringLiterals off")
+        where = keyed.spark_predicate(columns, keys)
+        return self._write(path, rows, "overwrite", ("replaceWhere", where), expected_version, note)
+
     def _write(
         self,
         path: str,
@@ -781,7 +804,7 @@ class DeltaSparkStorage:
             df = _typed_before(df, self._stored_schema(path), path)
         if has_untyped(df.schema):
             df = to_stored(df, None if replacing else self.schema(path))
-        if option is not None:
+        if option is not None and option[0] != "replaceWhere":
             self._enable_features(path, df.schema)
         writer = df.write.format("delta").mode(mode)
         if option is not None:

@@ -924,6 +924,36 @@ def test_overwrite_with_a_whole_table_keeps_its_rows_and_their_order(store, spar
     assert all(hi < lo for (_, hi), (lo, _) in itertools.pairwise(ranges)), ranges  # no overlap
 
 
+def test_replace_keys_deletes_the_named_keys_and_appends_rows_in_one_commit(store, spark, tmp_path):
+    path = str(tmp_path / "t")
+    kv_table(store, spark, path, [(1, 1, "a"), (2, 1, "b"), (3, 1, "c"), (4, 1, "d")])
+    keys = pa.table({"id": pa.array([2, 3, 9], pa.int64())})  # 3 goes, 9 is in no row
+    m = store.replace_keys(
+        path, spark.createDataFrame([(2, 2, "b2")], KV_DDL), ["id"], keys, expected_version=1
+    )
+    assert m.version == 2
+    assert rows(store.read(path), "id") == [
+        {"id": 1, "seq": 1, "v": "a"},
+        {"id": 2, "seq": 2, "v": "b2"},
+        {"id": 4, "seq": 1, "v": "d"},
+    ]
+    with pytest.raises(ConcurrentRunError):  # guarded like every write
+        store.replace_keys(
+            path, spark.createDataFrame([(2, 3, "b3")], KV_DDL), ["id"], keys[:1], expected_version=1
+        )
+    assert store.version(path) == 2
+
+
+def test_replace_keys_names_quoted_text(store, spark, tmp_path):
+    path = str(tmp_path / "t")
+    odd = "it's a \\ back'slash"
+    assert store.create(path, StructType([StructField("k", StringType()), StructField("seq", LongType())]))
+    store.append(path, spark.createDataFrame([(odd, 1), (odd, 2), ("x", 1)], "k string, seq long"))
+    keys = pa.table({"k": [odd]})
+    store.replace_keys(path, spark.createDataFrame([(odd, 9)], "k string, seq long"), ["k"], keys)
+    assert rows(store.read(path), "k", "seq") == [{"k": odd, "seq": 9}, {"k": "x", "seq": 1}]
+
+
 def test_delete_with_predicate(store, spark, tmp_path):
     path = str(tmp_path / "t")
     kv_table(store, spark, path, [(1, 1, "a"), (2, 1, "b"), (3, 2, "c")])

@@ -47,8 +47,9 @@ def test_delta_rs_refuses_to_read_a_table_with_deletion_vectors_naming_them(tmp_
     # vector instead of rewriting the file.
     w.write("lhs", [w.upsert("lhs", {"id": "a", "fk": 1, "v": 1}, 10)])
     first.run()
-    (merge,) = first.storage.history(silver, 1)
-    assert merge["operation"] == "MERGE" and merge["operationMetrics"]["numTargetDeletionVectorsAdded"] == 1
+    (replaced,) = first.storage.history(silver, 1)
+    assert replaced["operation"] == "WRITE" and int(replaced["operationMetrics"]["numDeletedRows"]) == 1
+    assert sum(f.deleted_rows for f in first.storage.files(silver)) == 1
     # delta-rs reads files without applying deletion vectors: it refuses to read silver ...
     back = _on(first, "delta-rs")
     with pytest.raises(StorageError) as refused:

@@ -1,0 +1,100 @@
+"""A predicate that names a set of keys, in the SQL of each backend: what a keyed replace
+(:meth:`cdc_join.storage.base.Storage.replace_keys`) deletes.
+
+The keys are the rows of an Arrow table of one column (a key of several columns is not named
+yet: Spark's ``IN`` of structs wants the literals' struct type spelled out, field names and
+all). Only values whose text is exact in both dialects are written as literals: integers,
+strings, booleans, decimals and dates. :func:`nameable` says whether a set of keys can be
+named (one column, no null, only those types); a caller that gets ``False`` writes another
+way (silver MERGEs).
+
+Spark SQL reads a backslash in a string literal as an escape and two quotes as two adjacent
+literals, DataFusion (delta-rs) doubles a quote and takes backslashes as they are: each
+dialect gets its own escaping, and Spark's only with ``spark.sql.parser.escapedStringLiterals``
+off (its default; :func:`spark_predicate` is not used otherwise).
+"""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+from collections.abc import Callable, Sequence
+
+import pyarrow as pa
+
+#: The most keys one predicate names: its text grows with them, and Spark's parser with it.
+MOST_KEYS = 20_000
+
+
+def nameable(keys: pa.Table) -> bool:
+    """Whether :func:`spark_predicate` and :func:`delta_rs_predicate` can name these keys."""
+    if keys.num_columns != 1 or not 0 < keys.num_rows <= MOST_KEYS:
+        return False
+    for column in keys.columns:
+        kind = column.type
+        typed = (
+            pa.types.is_integer(kind)
+            or pa.types.is_string(kind)
+            or pa.types.is_large_string(kind)
+            or pa.types.is_boolean(kind)
+            or pa.types.is_decimal(kind)
+            or pa.types.is_date32(kind)
+        )
+        if not typed or column.null_count:
+            return False
+    return True
+
+
+def spark_predicate(columns: Sequence[str], keys: pa.Table) -> str:
+    """Spark SQL: a row's key column equals one of ``keys``' values (``k IN (…)``)."""
+    return _predicate(columns, keys, _spark_identifier, _spark_text)
+
+
+def delta_rs_predicate(columns: Sequence[str], keys: pa.Table) -> str:
+    """DataFusion SQL (delta-rs): the same predicate."""
+    return _predicate(columns, keys, _delta_rs_identifier, _delta_rs_text)
+
+
+def _predicate(
+    columns: Sequence[str],
+    keys: pa.Table,
+    identifier: Callable[[str], str],
+    text: Callable[[str], str],
+) -> str:
+    if len(columns) != 1 or not nameable(keys):
+        raise ValueError(
+            "keys must be one column of 1 to MOST_KEYS integers, strings, booleans, decimals or dates"
+        )
+    values = [_literal(v, text) for v in keys.column(0).to_pylist()]
+    return f"{identifier(columns[0])} IN ({', '.join(values)})"
+
+
+def _literal(value: object, text: Callable[[str], str]) -> str:
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return text(value)
+    if isinstance(value, decimal.Decimal):
+        scale = max(-int(value.as_tuple().exponent), 0)
+        return f"CAST('{value:f}' AS DECIMAL(38, {scale}))"
+    if isinstance(value, datetime.date):
+        return f"DATE '{value.isoformat()}'"
+    raise ValueError(f"no literal for {value!r}")
+
+
+def _spark_identifier(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def _spark_text(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _delta_rs_identifier(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _delta_rs_text(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
