@@ -376,6 +376,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="the pipeline's silver_change_feed (off: silver keeps no Change Data Feed)",
     )
     parser.add_argument(
+        "--silver-write",
+        choices=["auto", "merge"],
+        default="auto",
+        help="how an incremental run writes silver: auto (a keyed replace where the backend marks "
+        "rows deleted, else a MERGE), merge (always the MERGE: silver's write before 2026-12-06)",
+    )
+    parser.add_argument(
         "--rf3a-customers",
         type=int,
         default=100,
@@ -404,6 +411,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         storage=args.storage,
     )
     storage = get_storage(spark, args.storage)
+    if args.silver_write == "merge":
+        storage.replaces_keys_in_place = False  # this benchmark's backend object only
 
     def progress(line: str) -> None:
         print(line, flush=True)

@@ -37,7 +37,7 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, MapType, StructField, StructType
 
-from cdc_join.changeset import ChangeSet, Rows, collect, distinct_rows, found_in, from_arrow
+from cdc_join.changeset import ChangeSet, Rows, collect, distinct_rows, found_in, frame_of, from_arrow
 from cdc_join.columns import (
     ACTION,
     CHANGE_DATA_FEED_PROPERTY,
@@ -386,7 +386,7 @@ def _replace(
     named = distinct_rows(table, keys)
     if not keyed.nameable(named):
         return None
-    hashes = _held_hashes(storage, path, keys, named)
+    hashes = _held_hashes(storage, path, keys, named, rows.schema)
     present = found_in(table, hashes, keys)
     same = found_in(table, hashes, [*keys, VALUES_HASH])
     upserts = pc.and_(pc.equal(table.column(ACTION), "upsert"), pc.invert(same))
@@ -420,11 +420,16 @@ def _count(mask: Any) -> int:
     return int(pc.sum(pc.cast(mask, pa.int64())).as_py() or 0)
 
 
-def _held_hashes(storage: Storage, path: str, keys: Sequence[str], named: pa.Table) -> pa.Table:
+def _held_hashes(
+    storage: Storage, path: str, keys: Sequence[str], named: pa.Table, schema: StructType
+) -> pa.Table:
     """Silver's keys and ``_values_hash`` for the keys of ``named`` (a row without the hash,
-    written before silver had it, holds null there: it matches no upsert and is rewritten)."""
-    first = named.column(keys[0]).to_pylist()
-    found = storage.read(path).filter(F.col(quote(keys[0])).isin(first))
+    written before silver had it, holds null there: it matches no upsert and is rewritten).
+
+    A semi-join with the keys as a small frame: a ``Column.isin`` of thousands of values costs a
+    round trip to the JVM per value in a classic session (4,500 keys: 3.2 s to build it)."""
+    wanted = frame_of(from_arrow(storage.spark, StructType([schema[k] for k in keys]), named.select(keys)))
+    found = storage.read(path).join(F.broadcast(wanted), list(keys), "left_semi")
     return collect(found.select(*[F.col(quote(k)) for k in keys], F.col(VALUES_HASH)))
 
 
