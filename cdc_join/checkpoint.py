@@ -46,6 +46,8 @@ class Checkpoint:
     tables: Mapping[str, int] = field(default_factory=dict)
     """The version of every table the run wrote or read as it left it (state, subscriptions,
     silver), by path: what the next run reads as "the tables of the last completed run"."""
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    """The pipeline's settings a run applies whatever its data (:func:`settings`), as it did."""
 
     def to_json(self) -> str:
         return json.dumps(
@@ -56,6 +58,7 @@ class Checkpoint:
                 "watermarks": dict(self.watermarks),
                 "silver": None if self.silver is None else dict(self.silver),
                 "tables": dict(self.tables),
+                "settings": dict(self.settings),
             },
             sort_keys=True,
         )
@@ -70,7 +73,14 @@ class Checkpoint:
             watermarks=dict(raw.get("watermarks", {})),
             silver=raw.get("silver"),
             tables={k: int(v) for k, v in (raw.get("tables") or {}).items()},
+            settings=dict(raw.get("settings") or {}),
         )
+
+
+def settings(config: PipelineConfig) -> dict[str, Any]:
+    """The settings a run applies to the tables whatever it changes: silver's change feed,
+    turned on or off by every run that writes silver."""
+    return {"silver_change_feed": bool(config.silver_change_feed)}
 
 
 def last_checkpoint(storage: Storage, config: PipelineConfig) -> Checkpoint:

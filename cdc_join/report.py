@@ -59,6 +59,8 @@ class RunReport:
     warnings: list[str] = field(default_factory=list)
     spark_jobs: dict[str, int] = field(default_factory=dict)
     jobs: SparkJobs | None = None
+    idle: str | None = None
+    """Why the run had nothing to do and wrote nothing (:mod:`cdc_join.run.idle`), if so."""
 
     @contextlib.contextmanager
     def step(self, name: str) -> Iterator[dict[str, Any]]:
@@ -77,7 +79,7 @@ class RunReport:
             raise SimulatedCrash(f"simulated crash after step {name!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        found = {
             "run_id": self.run_id,
             "kind": self.kind,
             "steps": self.steps,
@@ -85,6 +87,7 @@ class RunReport:
             "spark_jobs": self.spark_jobs,
             "warnings": self.warnings,
         }
+        return found if self.idle is None else {**found, "idle": self.idle}
 
     def ingested(self, results: Mapping[str, Any]) -> None:
         """Record an ingest's results (per source, an :class:`~cdc_join.landing.ingest.IngestReport`)
@@ -152,6 +155,8 @@ class RunReport:
         return "\n".join(lines)
 
     def _plan(self) -> str:
+        if self.idle is not None:
+            return f"nothing to do ({self.idle}); nothing written, no run recorded"
         plan = self.steps.get("plan")
         if plan is None:
             return "nothing to join yet" if "join" in self.steps else "no join run"

@@ -93,6 +93,73 @@ def get_spark(
     return spark
 
 
+class DeferredSession:
+    """A :func:`get_spark` session started when first used, so that a command that finds it
+    has nothing to do (a run with nothing landed and nothing unapplied, see
+    :mod:`cdc_join.run.idle`) starts no JVM. Everything else reaches the session through it.
+    """
+
+    def __init__(
+        self, app_name: str = "cdc_join", *, quiet: bool = False, storage: str | None = None
+    ) -> None:
+        self._args = (app_name, quiet, storage)
+        self._session: SparkSession | None = SparkSession.getActiveSession()
+
+    @property
+    def started(self) -> bool:
+        return self._session is not None
+
+    def session(self) -> SparkSession:
+        """The session, started now if it was not."""
+        if self._session is None:
+            app_name, quiet, storage = self._args
+            self._session = get_spark(app_name, quiet=quiet, storage=storage)
+        return self._session
+
+    def delta_configured(self) -> bool | None:
+        """Whether the session this would start here loads Delta (``CDC_JOIN_STORAGE`` or the
+        ``storage`` asked for is ``delta-spark``); ``None`` when only a started session can tell:
+        it was started already, runs elsewhere (Databricks, Spark Connect), or Spark's own
+        settings files or arguments may add jars."""
+        if (
+            self._session is not None
+            or os.environ.get("DATABRICKS_RUNTIME_VERSION")
+            or os.environ.get(REMOTE_ENV)
+        ):
+            return None
+        if os.environ.get("PYSPARK_SUBMIT_ARGS") or _spark_defaults_file() is not None:
+            return None
+        return _wants_delta(self._args[2])
+
+    def __getattr__(self, name: str) -> object:
+        if name in ("_args", "_session"):  # not set yet (a copy being made)
+            raise AttributeError(name)
+        return getattr(self.session(), name)
+
+
+def started(spark: SparkSession | DeferredSession) -> SparkSession:
+    """The session itself, started if ``spark`` defers it."""
+    return spark.session() if isinstance(spark, DeferredSession) else spark
+
+
+def _spark_defaults_file() -> str | None:
+    """Spark's ``spark-defaults.conf`` that a session started here would read, if there is one."""
+    folders = [os.environ.get("SPARK_CONF_DIR")]
+    if os.environ.get("SPARK_HOME"):
+        folders.append(os.path.join(os.environ["SPARK_HOME"], "conf"))
+    try:
+        import pyspark
+
+        folders.append(os.path.join(os.path.dirname(pyspark.__file__), "conf"))
+    except ImportError:
+        pass
+    for folder in filter(None, folders):
+        path = os.path.join(folder, "spark-defaults.conf")
+        if os.path.exists(path):
+            return path
+    return None
+
+
 def _builder(app_name: str, remote: str | None, conf: dict[str, str]) -> SparkSession.Builder:
     builder = SparkSession.builder.appName(app_name)
     if remote:
@@ -154,10 +221,16 @@ def _local_conf(remote: str | None, extra_conf: dict[str, str] | None, storage: 
     if remote and remote.startswith("sc://"):
         return {}
     conf = {**LOCAL_DEFAULTS, **(extra_conf or {})}
-    wanted = storage if storage is not None else os.environ.get("CDC_JOIN_STORAGE", "")
-    if (wanted or "").strip().lower() == "delta-spark":
+    if _wants_delta(storage):
         conf.update(delta_jars.session_conf(conf))
     return conf
+
+
+def _wants_delta(storage: str | None) -> bool:
+    """Whether a session started here gets the Delta jars: ``storage``, else
+    ``CDC_JOIN_STORAGE``, is ``delta-spark``."""
+    wanted = storage if storage is not None else os.environ.get("CDC_JOIN_STORAGE", "")
+    return (wanted or "").strip().lower() == "delta-spark"
 
 
 def _start(builder: SparkSession.Builder, conf: dict[str, str], quiet: bool) -> SparkSession:

@@ -206,10 +206,11 @@ def open_pipeline(args: argparse.Namespace, progress: Callable[[str], None] | No
     except CdcJoinError as e:
         raise ConfigError(str(e)) from None
     from cdc_join.run.pipeline import Pipeline
-    from cdc_join.session import get_spark, quiet_query_context_logs
+    from cdc_join.session import DeferredSession, quiet_query_context_logs
     from cdc_join.storage import get_storage
 
-    spark = get_spark(f"cdc_join:{config.name}", quiet=not args.debug, storage=args.storage)
+    # Started when first needed: a run with nothing to do, on a local lake, needs no JVM.
+    spark = DeferredSession(f"cdc_join:{config.name}", quiet=not args.debug, storage=args.storage)
     quiet_query_context_logs(not args.debug)  # also for a session that was already running
     return Pipeline(config, spark, get_storage(spark, args.storage), progress=progress)
 

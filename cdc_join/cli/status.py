@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
+
+import pyarrow.compute as pc
 
 from cdc_join.checkpoint import Checkpoint, last_checkpoint
 from cdc_join.checks import verify
@@ -204,11 +207,31 @@ def _lag_minutes(storage: Storage, path: str) -> float | None:
     return None if newest_ms is None else round((time.time() * 1000 - newest_ms) / 60_000, 1)
 
 
+#: Longer string statistics may be truncated prefixes (Delta keeps 32 characters).
+_WHOLE_STATISTIC = 32
+
+
 def _quarantined(storage: Storage, config: PipelineConfig) -> dict[str, int]:
-    if not storage.exists(config.quarantine_path):
+    """Quarantined lines per source: a data file holding one source's lines counts from its
+    statistics, the others' ``source`` column is read (no Spark job where the backend can)."""
+    path = config.quarantine_path
+    if not storage.exists(path):
         return {}
-    rows = storage.read(config.quarantine_path).groupBy("source").count().collect()
-    return {str(r["source"]): int(r["count"]) for r in rows}
+    counts: Counter[str] = Counter()
+    mixed = []
+    for f in storage.files(path):
+        low, high = f.min_values.get("source"), f.max_values.get("source")
+        one = isinstance(low, str) and low == high and len(low) < _WHOLE_STATISTIC
+        if one and f.num_records is not None and not f.null_counts.get("source"):
+            counts[str(low)] += f.num_records
+        elif f.num_records != 0:
+            mixed.append(f.path)
+    if mixed:
+        sources = storage.read_arrow(path, columns=["source"], files=mixed).column("source")
+        for found in pc.value_counts(sources).to_pylist():
+            if found["values"] is not None:
+                counts[str(found["values"])] += int(found["counts"])
+    return {name: n for name, n in counts.items() if n}
 
 
 def _size(storage: Storage, path: str) -> dict[str, Any]:

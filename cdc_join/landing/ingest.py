@@ -71,6 +71,7 @@ from cdc_join.landing.listing import (
     list_folder,
     list_folders,
     list_landing,
+    list_local_folders,
     read_lines,
     text_bytes,
     unread_files,
@@ -237,6 +238,33 @@ def ingest_all(
         _write_log(spark, storage, config.ingest_log_path, log)
         _after(after_step, "log")
     return reports
+
+
+def nothing_landed(storage: Storage, config: PipelineConfig) -> dict[str, IngestReport] | None:
+    """Without Spark, where every landing folder is local: when none holds a file the ingest
+    log does not name (nor one that changed since it was read), what :func:`ingest_all` would
+    report (no files, the same warnings); ``None`` otherwise, and where it cannot tell."""
+    started = time.monotonic()
+    found = list_local_folders(config, _listing_since(storage, config))
+    if found is None:
+        return None
+    listed = {name: landing_files(files) for name, files in found.items()}
+    done = logged_files(storage, config, listed)
+    for name, files in listed.items():
+        logged = done.get(name, {})
+        if any(f.name not in logged or _change(f, logged[f.name]) for f in files):
+            return None
+    seconds = time.monotonic() - started
+    return {
+        name: IngestReport(
+            name,
+            *(0, 0, 0, 0, 0),
+            seconds=seconds,
+            unread=tuple(unread_files(files)),
+            missing_folder=config.sources[name].landing if files is None else None,
+        )
+        for name, files in found.items()
+    }
 
 
 def ingest_source(
@@ -631,9 +659,11 @@ def logged_files(
     wanted = _files_that_may_hold(storage, config.ingest_log_path, "file", names)
     if not wanted:
         return {}
-    present = set(storage.schema(config.ingest_log_path).names)
-    columns = [c for c in ("source", "file", "size", "modified_at", "content_md5") if c in present]
-    log = storage.read_arrow(config.ingest_log_path, columns=columns, files=wanted).to_pylist()
+    # Every column, then those this reads: a log written before it kept modified_at and
+    # content_md5 has fewer (asking delta-spark for the schema first would take a Spark job).
+    found = storage.read_arrow(config.ingest_log_path, files=wanted)
+    columns = [c for c in ("source", "file", "size", "modified_at", "content_md5") if c in found.column_names]
+    log = found.select(columns).to_pylist()
     keep = {(source, f.name) for source, files in listed.items() for f in files}
     done: dict[str, dict[str, Logged]] = {}
     for row in log:

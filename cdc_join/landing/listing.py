@@ -71,6 +71,16 @@ def list_folders(
     }
 
 
+def list_local_folders(
+    config: PipelineConfig, modified_after: datetime | None = None
+) -> dict[str, list[LandedFile] | None] | None:
+    """:func:`list_folders` without Spark: ``None`` unless every landing folder is local."""
+    local = {name: local_path(s.landing) for name, s in config.sources.items() if s.landing is not None}
+    if any(path is None for path in local.values()):
+        return None
+    return {name: _list_local(path, modified_after) for name, path in local.items() if path is not None}
+
+
 def landing_warnings(config: PipelineConfig, found: Mapping[str, list[LandedFile] | None]) -> list[str]:
     """What a run would say about the landing folders listed in ``found`` (see
     :func:`list_folders`): a missing folder, files no run reads."""

@@ -15,22 +15,23 @@ import dataclasses
 import functools
 from collections.abc import Callable
 from datetime import datetime, timezone
+from typing import cast
 
 from pyspark.sql import SparkSession
 
-from cdc_join.checkpoint import Checkpoint
+from cdc_join.checkpoint import Checkpoint, settings
 from cdc_join.checks import verify
 from cdc_join.config import PipelineConfig, check_addressing
 from cdc_join.join import apply, increment, rebuild, resolve
 from cdc_join.landing import bronze
 from cdc_join.landing.ingest import ingest_all
 from cdc_join.report import RunReport, SparkJobs
-from cdc_join.run import cost, runlog
+from cdc_join.run import cost, idle, runlog
 from cdc_join.run import paths as run_paths
 from cdc_join.run.fence import Fenced
 from cdc_join.run.plan import REFRESH, RunPath, choose
 from cdc_join.run.runlog import RunStart, commit_run, run_lock
-from cdc_join.session import get_spark
+from cdc_join.session import DeferredSession, get_spark
 from cdc_join.silver import table as silver
 from cdc_join.storage import Storage, commits, get_storage
 
@@ -40,7 +41,7 @@ class Pipeline:
 
     Args:
         config: the validated pipeline.
-        spark: a session (default: :func:`cdc_join.session.get_spark`).
+        spark: a session, or one started when first needed (default: :func:`cdc_join.session.get_spark`).
         storage: a storage backend (default: chosen by :func:`cdc_join.storage.get_storage`).
         progress: called with a line per step (e.g. ``print``).
     """
@@ -48,12 +49,13 @@ class Pipeline:
     def __init__(
         self,
         config: PipelineConfig,
-        spark: SparkSession | None = None,
+        spark: SparkSession | DeferredSession | None = None,
         storage: Storage | None = None,
         progress: Callable[[str], None] | None = None,
     ) -> None:
         self.config = config
-        self.spark = spark or get_spark()
+        # A DeferredSession stands in for the session it starts.
+        self.spark = cast(SparkSession, spark) if spark is not None else get_spark()
         self.storage = storage or get_storage(self.spark)
         self.progress = progress
         check_addressing(config, self.storage.name)
@@ -83,6 +85,10 @@ class Pipeline:
         with run_lock(self.config):
             started = datetime.now(timezone.utc)
             begin = runlog.start(self.storage, self.config)
+            if kind == "incremental" and plan in idle.PLANS:
+                report = self._idle(begin, ingest, crash_after)
+                if report is not None:
+                    return report
             # Every write on state, subscriptions and silver names the version this run read.
             store = Fenced(self.storage, begin.tables, commits.run_note())
             report = RunReport(begin.checkpoint.run_id + 1, kind, crash_after, self.progress)
@@ -96,6 +102,19 @@ class Pipeline:
                     self.storage, self.config, checkpoint, kind, started, report.to_dict(), begin.log_version
                 )
             return report
+
+    def _idle(self, begin: RunStart, ingest: bool, crash_after: str | None) -> RunReport | None:
+        """The report of a run with nothing to do (:mod:`cdc_join.run.idle`), which writes
+        nothing and needs no Spark; ``None`` when the run may have something to do."""
+        report = RunReport(begin.checkpoint.run_id + 1, "incremental", crash_after, self.progress)
+        with report.step("ingest" if ingest else "idle"):
+            found = idle.nothing_to_do(self.storage, self.config, begin, ingest)
+            if found is None:
+                return None
+            report.idle, ingested = found
+            if ingest:
+                report.ingested(ingested)
+        return report
 
     def _join(self, store: Fenced, begin: RunStart, report: RunReport, requested: str) -> Checkpoint:
         cfg, previous, run_id = self.config, begin.checkpoint, report.run_id
@@ -114,7 +133,8 @@ class Pipeline:
 
         def checkpoint(pinned: dict[str, int], watermarks: dict[str, str]) -> Checkpoint:
             definition = silver.definition(cfg, types)
-            return Checkpoint(run_id, versions, pinned, watermarks, definition, store.tables())
+            tables, applied = store.tables(), settings(cfg)
+            return Checkpoint(run_id, versions, pinned, watermarks, definition, tables, applied)
 
         if plan.path is RunPath.REBUILD:
             pinned, watermarks = rebuild.rebuild_all(store, cfg, versions, run_id, report.step)

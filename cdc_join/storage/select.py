@@ -138,11 +138,14 @@ def get_storage(spark: SparkSession, backend: str | None = None) -> Storage:
             cannot be loaded.
     """
     choice = requested_backend(backend)
+    # A session not started yet (cdc_join.session.DeferredSession) that knows whether it will
+    # load Delta: trusted, so that choosing starts no JVM (a start without the jars fails then).
+    configured = getattr(spark, "delta_configured", lambda: None)()
     if choice == AUTO:
-        available, _reason = delta_jars_available(spark)
+        available = configured if configured is not None else delta_jars_available(spark)[0]
         name = DELTA_SPARK if available else DELTA_RS
     elif choice == DELTA_SPARK:
-        available, reason = delta_jars_available(spark)
+        available, reason = (True, "") if configured else delta_jars_available(spark)
         if not available:
             raise StorageError(f"The delta-spark storage backend was requested but cannot be used: {reason}")
         name = DELTA_SPARK

@@ -93,6 +93,15 @@ def test_status_shows_the_last_runs_each_source_and_the_tables(landed, capsys):
     assert found["unfinished"] == []
     assert _cli("status", config) == 0
     assert "run 2" in capsys.readouterr().out
+    # Counted from file statistics where a file holds one source's lines, else read: compacted,
+    # the quarantine is one file with both sources' lines.
+    w.write("rhs", ["not json either", "{"])
+    assert _cli("-q", "run", config) == 3
+    assert _cli("-q", "optimize", "--force", config) == 0
+    capsys.readouterr()
+    assert _cli("status", config, "--json") == 0
+    found = json.loads(capsys.readouterr().out)
+    assert {name: s["quarantined"] for name, s in found["sources"].items()} == {"lhs": 1, "rhs": 2}
 
 
 def test_demo_refuses_options_it_would_ignore(capsys):

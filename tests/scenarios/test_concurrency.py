@@ -1,15 +1,17 @@
 """Two runs of one pipeline racing, with no lock file to keep them apart (as on an object store):
 the checkpoint commit and silver's expected version are the guards. Each round, both runs start
-together (an incremental run against another one, against a full refresh, or against another
-one with nothing new to do); every run either commits or stops with ConcurrentRunError, run ids never
-repeat, and silver always equals the join of the current rows. Both runs read where they start
-before either goes on, so their work overlaps: exactly one of two runs commits; of a run and a
-full refresh at most one does.
+together (an incremental run against another one, against a full refresh, or two recomputes
+forced with nothing new, which write only the run log: a plain run with nothing new to do writes
+nothing at all, see cdc_join.run.idle); every run either commits or stops with
+ConcurrentRunError, run ids never repeat, and silver always equals the join of the current rows.
+Both runs read where they start before either goes on, so their work overlaps: exactly one of
+two runs commits; of a run and a full refresh at most one does.
 ``CDC_JOIN_RACE_ROUNDS`` rounds (default 3, one of each kind; CI runs 12 on delta-rs and 6 on delta-spark)."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import threading
 import warnings
@@ -64,7 +66,7 @@ def test_racing_runs_never_corrupt_silver_and_never_both_commit_the_same_run(
     outcomes: list[str] = []
     both_lost: list[str] = []
     # Rounds cycle through: two runs with new events; a run and a full refresh with new events;
-    # two runs with none (no silver write: the run log's commit alone keeps them apart).
+    # two forced recomputes with none (no table write: the run log's commit alone keeps them apart).
     changed = [n for n in range(ROUNDS) if n % 3 != 2]
     for n in range(ROUNDS):
         if n in changed:
@@ -73,10 +75,11 @@ def test_racing_runs_never_corrupt_silver_and_never_both_commit_the_same_run(
         start = threading.Barrier(2, timeout=120)
         results: list[str] = []
         why: list[str] = []
-        second = runners[1].full_refresh if n % 3 == 1 else runners[1].run
-        threads = [
-            threading.Thread(target=_race, args=(r, start, results, why)) for r in (runners[0].run, second)
-        ]
+        first = runners[0].run if n in changed else functools.partial(runners[0].run, plan="recompute")
+        second = {0: runners[1].run, 1: runners[1].full_refresh}.get(
+            n % 3, functools.partial(runners[1].run, plan="recompute")
+        )
+        threads = [threading.Thread(target=_race, args=(r, start, results, why)) for r in (first, second)]
         with monkeypatch.context() as patched:
             patched.setattr(runlog, "start", _both_started(threading.Barrier(2, timeout=120)))
             for t in threads:

@@ -9,6 +9,7 @@ on every source, in both YAML orders.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import pytest
 
@@ -296,14 +297,15 @@ def test_verify_right_after_a_lost_race_is_ok_or_says_unfinished(tmp_path, spark
 
 
 def test_verify_after_a_run_that_lost_only_its_commit_says_unfinished(tmp_path, spark, storage):
-    # The winner had nothing to do and committed; the loser had written silver (ahead of the
-    # committed checkpoint) and lost at the run log.
+    # The winner had nothing to write and committed; the loser had written silver (ahead of the
+    # committed checkpoint) and lost at the run log. (A plain run with nothing to do commits
+    # nothing, see cdc_join.run.idle; a recompute forced with nothing new commits its run-log row.)
     pipeline, w = _shop(tmp_path, spark, storage)
     w.write("customers", [w.upsert("customers", {"id": 10, "name": "Ann"}, 1)])
     w.write("orders", [w.upsert("orders", {"id": 1, "customer": 10, "quantity": 1}, 2)])
     pipeline.run()
-    hold = PauseAt("commit")  # nothing landed: no step but ingest and commit
-    idle = in_thread(_again(pipeline, hold).run)
+    hold = PauseAt("commit")  # nothing landed: no table write before its commit
+    idle = in_thread(functools.partial(_again(pipeline, hold).run, plan="recompute"))
     assert hold.reached.wait(300)
     w.write("orders", [w.upsert("orders", {"id": 1, "customer": 10, "quantity": 7}, 3)])
     hold_commit = PauseAt("commit")

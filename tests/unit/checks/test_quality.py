@@ -324,11 +324,15 @@ def test_a_check_covers_every_run_since_the_last_check(tmp_path, spark, storage)
     assert check(config, storage, now=NOW).ok
     w.write("lhs", [w.upsert("lhs", {"id": "b", "fk": 1, "v": 1}, 3), "not json"])
     pipeline.run()  # exits 3 from the CLI
-    pipeline.run()  # the retry: nothing new, exits 0
+    # The retry quarantines nothing and exits 0 (an event that touches no silver row lands, or
+    # the retry would have nothing to do and record no run: cdc_join.run.idle).
+    w.write("rhs", [w.upsert("rhs", {"id": 2, "value": "two"}, 4)])
+    pipeline.run()
     retried = check(config, storage, now=NOW)
     assert (retried.first_run_id, retried.run_id, retried.rows_checked) == (2, 3, 1)
     assert not _by_check(retried)["quarantine:lhs"].success
     assert "quality of runs 2-3" in retried.summary()
+    w.write("rhs", [w.upsert("rhs", {"id": 3, "value": "three"}, 5)])
     pipeline.run()
     again = check(config, storage, now=NOW)  # run 4 alone: checked runs are not checked twice
     assert (again.run_id, again.rows_checked) == (4, 0) and again.ok

@@ -1,0 +1,177 @@
+"""The scheduler's case: every command a new ``cdc-join`` process, as cron, Airflow or a
+Databricks job starts it.
+
+    python -m benchmarks.scheduled --storage delta-rs delta-spark --repeat 5 --out F
+
+A two-source pipeline (``orders`` ⋈ ``customers``, a left join), on each backend:
+
+- ``first run``: a new lake, a few events (3 customers, 8 orders), its first ``cdc-join run``;
+- ``nothing landed``: ``cdc-join run`` again, with no new file;
+- ``10 changed rows``: a file of 10 order changes lands, then ``cdc-join run``;
+- ``status``, ``plan``, ``verify`` on that lake;
+- ``demo``: ``cdc-join demo`` (with ``--demo``).
+
+Each is timed as a whole process (its wall time, Python's start and imports included) and, for
+runs, as the run report's seconds; medians over ``--repeat`` (each repeat a new lake for the
+first run). Spark's jars are fetched once before timing (the first start on a machine, which a
+scheduler pays once). Results: one JSON document; a table on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from cdc_join.landing.event_writer import EventWriter
+
+TABLES = {
+    "customers": {"id": "int64", "name": "string", "city": "string"},
+    "orders": {"id": "int64", "customer_id": "int64", "amount": "int64", "status": "string"},
+}
+MEASURES = ("first run", "nothing landed", "10 changed rows", "status", "plan", "verify", "demo")
+
+
+def _pipeline(root: Path) -> tuple[str, EventWriter]:
+    writer = EventWriter(root / "landing", TABLES)
+    spec = {
+        "name": "scheduled",
+        "lake": "lake",
+        "sources": {t: {"landing": f"landing/{t}", "primary_key": ["id"]} for t in TABLES},
+        "left": "orders",
+        "joins": [{"right": "customers", "foreign_key": ["customer_id"], "type": "left"}],
+        "select": {
+            "order_id": "orders.id",
+            "amount": "orders.amount",
+            "status": "orders.status",
+            "customer": "customers.name",
+            "city": "customers.city",
+        },
+        "output": "orders_enriched",
+    }
+    path = root / "pipeline.yml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return str(path), writer
+
+
+def _first_events(w: EventWriter) -> None:
+    w.write(
+        "customers",
+        [w.upsert("customers", {"id": i, "name": f"c{i}", "city": "x"}, i, "c") for i in (1, 2, 3)],
+    )
+    orders = [{"id": i, "customer_id": 1 + i % 3, "amount": 10 * i, "status": "new"} for i in range(8)]
+    w.write("orders", [w.upsert("orders", o, 10 + n, "c") for n, o in enumerate(orders)])
+
+
+def _command(storage: str, *args: str) -> tuple[float, dict[str, Any] | None, str]:
+    """Run one ``cdc-join`` process; its wall seconds, its JSON report (if any) and stderr."""
+    began = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "cdc_join.cli", "--storage", storage, *args],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    seconds = time.perf_counter() - began
+    if done.returncode not in (0, 1):
+        raise RuntimeError(f"cdc-join {' '.join(args)} exited {done.returncode}: {done.stderr[-2000:]}")
+    try:
+        report = json.loads(done.stdout.strip().splitlines()[-1]) if "--json" in args else None
+    except (ValueError, IndexError):
+        report = None
+    return seconds, report, done.stderr
+
+
+def _run_seconds(report: dict[str, Any] | None) -> float | None:
+    if not report or "seconds" not in report:
+        return None
+    return round(sum(report["seconds"].values()), 3)
+
+
+def measure(storage: str, repeat: int, demo: bool) -> dict[str, list[dict[str, Any]]]:
+    found: dict[str, list[dict[str, Any]]] = {m: [] for m in MEASURES}
+
+    def note(measure: str, seconds: float, report: dict[str, Any] | None) -> None:
+        row = {"process_s": round(seconds, 3), "run_s": _run_seconds(report)}
+        if report and report.get("idle"):
+            row["idle"] = report["idle"]
+        if report and report.get("spark_jobs"):
+            row["spark_jobs"] = sum(report["spark_jobs"].values())
+        found[measure].append(row)
+        print(f"{storage} {measure}: {row}", flush=True)
+
+    lsn = 1000
+    for _ in range(repeat):
+        with tempfile.TemporaryDirectory(prefix="cdc_join_scheduled_") as folder:
+            config, w = _pipeline(Path(folder))
+            _first_events(w)
+            note("first run", *_command(storage, "--json", "run", config)[:2])
+            note("nothing landed", *_command(storage, "--json", "run", config)[:2])
+            lsn += 100
+            changes = [
+                {"id": i, "customer_id": 1 + (i + lsn) % 3, "amount": lsn, "status": "paid"}
+                for i in range(10)
+            ]
+            w.write("orders", [w.upsert("orders", o, lsn + n) for n, o in enumerate(changes)])
+            note("10 changed rows", *_command(storage, "--json", "run", config)[:2])
+            for command in ("status", "plan", "verify"):
+                note(command, *_command(storage, "--json", command, config)[:2])
+    if demo:
+        for _ in range(repeat):
+            with tempfile.TemporaryDirectory(prefix="cdc_join_demo_") as folder:
+                note("demo", _command(storage, "demo", "--dir", folder)[0], None)
+    return found
+
+
+def summary(results: dict[str, dict[str, list[dict[str, Any]]]]) -> str:
+    lines = ["| measure | " + " | ".join(f"{s}: process / run s (median)" for s in results) + " |"]
+    lines.append("| --- |" + " --- |" * len(results))
+    for measure in MEASURES:
+        cells = []
+        for rows in results.values():
+            got = rows.get(measure) or []
+            if not got:
+                cells.append("—")
+                continue
+            process = statistics.median(r["process_s"] for r in got)
+            runs = [r["run_s"] for r in got if r["run_s"] is not None]
+            run = f" / {statistics.median(runs):.2f}" if runs else ""
+            cells.append(f"{process:.2f}{run} (n={len(got)})")
+        lines.append(f"| {measure} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--storage", nargs="+", default=["delta-rs", "delta-spark"])
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--demo", action="store_true", help="also time `cdc-join demo`")
+    parser.add_argument("--out", default=None, help="write the results here (JSON)")
+    args = parser.parse_args(argv)
+    results = {}
+    for storage in args.storage:
+        with tempfile.TemporaryDirectory() as warm:  # fetch the jars (a first start) untimed
+            config, w = _pipeline(Path(warm))
+            _first_events(w)
+            _command(storage, "-q", "run", config)
+        results[storage] = measure(storage, args.repeat, args.demo)
+    text = summary(results)
+    print(text)
+    if args.out:
+        load = os.getloadavg()
+        document = {"repeat": args.repeat, "load_after": [round(x, 2) for x in load], "results": results}
+        Path(args.out).write_text(json.dumps(document, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
