@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import cast
@@ -106,14 +107,17 @@ class Pipeline:
     def _idle(self, begin: RunStart, ingest: bool, crash_after: str | None) -> RunReport | None:
         """The report of a run with nothing to do (:mod:`cdc_join.run.idle`), which writes
         nothing and needs no Spark; ``None`` when the run may have something to do."""
+        started = time.perf_counter()
+        found = idle.nothing_to_do(self.storage, self.config, begin, ingest)
+        if found is None:  # no step recorded: the run's own ingest comes next
+            return None
         report = RunReport(begin.checkpoint.run_id + 1, "incremental", crash_after, self.progress)
-        with report.step("ingest" if ingest else "idle"):
-            found = idle.nothing_to_do(self.storage, self.config, begin, ingest)
-            if found is None:
-                return None
+        name = "ingest" if ingest else "idle"
+        with report.step(name):
             report.idle, ingested = found
             if ingest:
                 report.ingested(ingested)
+        report.seconds[name] = round(time.perf_counter() - started, 3)  # the check's reads too
         return report
 
     def _join(self, store: Fenced, begin: RunStart, report: RunReport, requested: str) -> Checkpoint:

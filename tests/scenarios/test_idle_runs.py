@@ -140,3 +140,14 @@ def test_a_checkpoint_of_an_earlier_version_is_not_taken_for_nothing_to_do(tmp_p
     assert idle.nothing_to_do(storage, pipeline.config, begin, True) is not None
     older = dataclasses.replace(begin, checkpoint=dataclasses.replace(begin.checkpoint, settings={}))
     assert idle.nothing_to_do(storage, pipeline.config, older, True) is None
+
+
+def test_a_run_told_to_stop_after_its_ingest_ingests_first(tmp_path, spark, storage):
+    # The check for nothing to do comes before the ingest and is no step of its own.
+    pipeline, w = _joined(tmp_path, spark, storage)
+    bronze = pipeline.config.bronze_path("lhs")
+    before = storage.version(bronze)
+    w.write("lhs", [w.upsert("lhs", {"id": "c", "fk": 1, "v": 0}, 9)])
+    with pytest.raises(SimulatedCrash):
+        pipeline.run(crash_after="ingest")
+    assert storage.version(bronze) > before
