@@ -51,6 +51,7 @@ Rules every backend follows (the contract tests in ``tests/contract`` check them
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -67,6 +68,7 @@ from pyspark.sql.types import StructType
 
 from cdc_join.changeset import Rows
 from cdc_join.errors import ConcurrentRunError, StorageError
+from cdc_join.locations import local_path
 
 #: Operations (as :meth:`Storage.history` names them, upper-cased) that change no row: a
 #: compaction, a schema or property change.
@@ -346,17 +348,44 @@ def _int(value: Any) -> int | None:
         return None
 
 
+def other_files(path: str) -> list[str]:
+    """The names in the local folder ``path`` other than a ``_delta_log`` (none for a folder not
+    there yet, or a path on another file system)."""
+    local = local_path(path)
+    if local is None or not os.path.isdir(local):
+        return []
+    return sorted(name for name in os.listdir(local) if name != "_delta_log")
+
+
+def refuse_other_files(path: str) -> None:
+    """Refuse to create a table in a local folder that holds files of its own (a typo'd path, or
+    another tool's data): a table would be written among them, or Delta would refuse later."""
+    found = other_files(path)
+    if found:
+        shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
+        raise StorageError(
+            f"Cannot create the Delta table at {path}: the folder is not empty and holds no Delta "
+            f"table ({shown}); point the table at an empty or new folder"
+        )
+
+
 _ALREADY_THERE = re.compile(r"already exists|ALREADY_EXISTS", re.IGNORECASE)
 
 
 def lost_create(
-    exists: Callable[[str], bool], path: str, error: StorageError | ConcurrentRunError, wait: float = 30.0
+    exists: Callable[[str], bool],
+    path: str,
+    error: StorageError | ConcurrentRunError,
+    wait: float = 30.0,
+    *,
+    being_created: bool = False,
 ) -> bool:
     """After a ``CREATE`` at ``path`` failed: ``False`` once the table another writer was creating
-    is there (this call did not create it). A failure that says the table already exists while
-    none shows up within ``wait`` seconds is :class:`ConcurrentRunError` (another run is creating
-    it); any other failure (a lost commit among them) is re-raised."""
-    said_exists = bool(_ALREADY_THERE.search(str(error)))
+    is there (this call did not create it). A failure that says the table already exists (or, with
+    ``being_created``, that another writer's unfinished log is there) while none shows up within
+    ``wait`` seconds is :class:`ConcurrentRunError` (another run is creating it); any other failure
+    (a lost commit among them) is re-raised."""
+    said_exists = being_created or bool(_ALREADY_THERE.search(str(error)))
     deadline = time.monotonic() + wait
     while not exists(path):
         if not said_exists or time.monotonic() > deadline:

@@ -105,6 +105,7 @@ from cdc_join.storage.base import (
     WriteMetrics,
     lost_create,
     normalize_history_entry,
+    refuse_other_files,
     rows_matching,
 )
 from cdc_join.storage.stats import int_or_none, stat_upper_bound
@@ -645,6 +646,7 @@ class DeltaRsStorage:
         """Create an empty table if none is at ``path``; return whether this call created it."""
         if self.exists(path):
             return False
+        refuse_other_files(path)
         config: dict[str, str | None] = dict(properties or {})
         if cdf:
             config["delta.enableChangeDataFeed"] = "true"

@@ -108,6 +108,8 @@ from cdc_join.storage.base import (
     WriteMetrics,
     lost_create,
     normalize_history_entry,
+    other_files,
+    refuse_other_files,
     rows_matching,
 )
 from cdc_join.storage.stats import (
@@ -652,6 +654,8 @@ class DeltaSparkStorage:
         """
         if self.exists(path):
             return False
+        if not is_table_name(path):
+            refuse_other_files(path)
         schema = stored_schema(schema)
         columns = ", ".join(
             f"{quote(f.name)} {_ddl_type(f.dataType)}{'' if f.nullable else ' NOT NULL'}{_comment(f)}"
@@ -666,7 +670,10 @@ class DeltaSparkStorage:
                 )
         except (StorageError, ConcurrentRunError) as exc:
             # Lost a race with another creator: the table is there now (or soon), and it is not ours.
-            return lost_create(self.exists, path, exc)
+            # Delta says a folder holding only the other creator's unfinished ``_delta_log`` "is not
+            # empty and also not a Delta table": that is the same race, unless other files are there.
+            being_created = _NON_EMPTY.search(str(exc)) is not None and not other_files(path)
+            return lost_create(self.exists, path, exc, being_created=being_created)
         self._forget(path)
         return True
 
@@ -1493,6 +1500,9 @@ def _few_files(rows: Rows) -> DataFrame:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+_NON_EMPTY = re.compile(r"DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION|is not empty and also not a Delta table")
 
 
 def _local_log(path: str) -> str | None:

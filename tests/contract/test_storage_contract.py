@@ -10,6 +10,7 @@ import itertools
 import random
 import shutil
 import threading
+import time
 import uuid
 from datetime import date, datetime, timedelta, timezone
 from decimal import Decimal
@@ -150,6 +151,16 @@ def test_two_writers_creating_one_table_at_once_never_fail_with_a_storage_error(
         outcomes = _create_at_once(store, path)
         assert sorted(map(str, outcomes)) in (["False", "True"], ["True", "lost"]), outcomes
         assert store.version(path) == 0
+
+
+def test_a_create_in_a_folder_of_other_files_fails_at_once_naming_it(store, tmp_path):
+    path = tmp_path / "t"
+    path.mkdir()
+    (path / "notes.csv").write_text("a,b\n")
+    began = time.monotonic()
+    with pytest.raises(StorageError, match="t"):
+        store.create(str(path), KV)
+    assert time.monotonic() - began < 20
 
 
 def test_a_write_expecting_a_version_fails_once_another_writer_moved_the_table(store, spark, tmp_path):
