@@ -9,7 +9,11 @@ A two-source pipeline (``orders`` ⋈ ``customers``, a left join), on each backe
 - ``nothing landed``: ``cdc-join run`` again, with no new file;
 - ``10 changed rows``: a file of 10 order changes lands, then ``cdc-join run``;
 - ``status``, ``plan``, ``verify`` on that lake;
-- ``demo``: ``cdc-join demo`` (with ``--demo``).
+- ``demo``: ``cdc-join demo`` (with ``--demo``);
+- ``1,500 changed rows (SF 0.1)`` (with ``--sf01``): the TPC-H lake of :mod:`benchmarks.run` at
+  scale 0.1 (150,000 orders, 15,000 customers), loaded and run once untimed, then per repeat a
+  batch that changes 1,500 rows (484 new orders, 484 deleted, 484 moved to another customer, 48
+  customers renamed) lands and ``cdc-join run`` runs.
 
 Each is timed as a whole process (its wall time, Python's start and imports included) and, for
 runs, as the run report's seconds; medians over ``--repeat`` (each repeat a new lake for the
@@ -38,7 +42,25 @@ TABLES = {
     "customers": {"id": "int64", "name": "string", "city": "string"},
     "orders": {"id": "int64", "customer_id": "int64", "amount": "int64", "status": "string"},
 }
-MEASURES = ("first run", "nothing landed", "10 changed rows", "status", "plan", "verify", "demo")
+SF01 = "1,500 changed rows (SF 0.1)"
+MEASURES = ("first run", "nothing landed", "10 changed rows", "status", "plan", "verify", "demo", SF01)
+#: Orders per change batch of the SF 0.1 measure: 3 x 484 order events and 484 // 10 customers.
+SF01_ORDERS = 484
+
+_LOAD = r"""
+import pickle, sys
+from pathlib import Path
+from benchmarks.workload import Workload
+from cdc_join.config import load_config
+from cdc_join.session import get_spark
+from cdc_join.storage import get_storage
+root, storage_name = Path(sys.argv[1]), sys.argv[2]
+wl = Workload(root, 0.1, seed=7, cache=root.parent / "tpch")
+config = load_config(wl.write_config())
+spark = get_spark(quiet=True, storage=storage_name)
+wl.load_snapshot(spark, get_storage(spark, storage_name), config)
+(root / "workload.pkl").write_bytes(pickle.dumps(wl))
+"""
 
 
 def _pipeline(root: Path) -> tuple[str, EventWriter]:
@@ -132,10 +154,45 @@ def measure(storage: str, repeat: int, demo: bool) -> dict[str, list[dict[str, A
     return found
 
 
+def measure_sf01(storage: str, repeat: int, work: Path) -> list[dict[str, Any]]:
+    """The SF 0.1 lake's change batches, each run by a new process (see the module docstring)."""
+    import pickle
+
+    root = work / f"sf01-{storage}"
+    done = subprocess.run(
+        [sys.executable, "-c", _LOAD, str(root), storage],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parent.parent,
+        env={**os.environ, "CDC_JOIN_STORAGE": storage},
+    )
+    if done.returncode:
+        raise RuntimeError(f"loading the SF 0.1 lake failed: {done.stderr[-3000:]}")
+    config = str(root / "pipeline.yml")
+    _command(storage, "-q", "run", config)  # the initial run, untimed
+    workload = pickle.loads((root / "workload.pkl").read_bytes())
+    rows = []
+    for _ in range(repeat):
+        batch = workload.change_batch(0.0, changes=SF01_ORDERS)
+        seconds, report, _ = _command(storage, "--json", "run", config)
+        row = {
+            "process_s": round(seconds, 3),
+            "run_s": _run_seconds(report),
+            "changed_rows": batch.changed_rows,
+        }
+        if report and report.get("spark_jobs"):
+            row["spark_jobs"] = sum(report["spark_jobs"].values())
+        rows.append(row)
+        print(f"{storage} {SF01}: {row}", flush=True)
+    return rows
+
+
 def summary(results: dict[str, dict[str, list[dict[str, Any]]]]) -> str:
     lines = ["| measure | " + " | ".join(f"{s}: process / run s (median)" for s in results) + " |"]
     lines.append("| --- |" + " --- |" * len(results))
     for measure in MEASURES:
+        if not any(rows.get(measure) for rows in results.values()):
+            continue  # not measured this time
         cells = []
         for rows in results.values():
             got = rows.get(measure) or []
@@ -155,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--storage", nargs="+", default=["delta-rs", "delta-spark"])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--demo", action="store_true", help="also time `cdc-join demo`")
+    parser.add_argument("--sf01", action="store_true", help="also time 1,500 changed rows on an SF 0.1 lake")
+    parser.add_argument("--only-sf01", action="store_true", help="time only the SF 0.1 measure")
+    parser.add_argument("--work", default=None, help="where the SF 0.1 lake and TPC-H data go")
     parser.add_argument("--out", default=None, help="write the results here (JSON)")
     args = parser.parse_args(argv)
     results = {}
@@ -163,7 +223,10 @@ def main(argv: list[str] | None = None) -> int:
             config, w = _pipeline(Path(warm))
             _first_events(w)
             _command(storage, "-q", "run", config)
-        results[storage] = measure(storage, args.repeat, args.demo)
+        results[storage] = {} if args.only_sf01 else measure(storage, args.repeat, args.demo)
+        if args.sf01 or args.only_sf01:
+            work = Path(args.work or tempfile.mkdtemp(prefix="cdc_join_sf01_"))
+            results[storage][SF01] = measure_sf01(storage, args.repeat, work)
     text = summary(results)
     print(text)
     if args.out:

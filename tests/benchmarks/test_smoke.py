@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from benchmarks import chain, nested
+from benchmarks import chain, nested, process_profile
 from benchmarks.run import bench_scale
 from cdc_join.config import load_config
 from cdc_join.run.maintenance import optimize_pipeline
@@ -85,3 +85,18 @@ def test_the_nested_benchmark_runs_end_to_end_and_verifies_every_run(tmp_path, s
     # all 1,500 orders change: every customer with orders (TPC-H: two in three, plus the one the
     # moved order may have gone to), and no other
     assert runs["orders_1500"]["affected_keys"] in (100, 101), lines
+
+
+@pytest.mark.deep
+def test_the_process_profile_times_each_phase_and_a_cold_and_a_warm_run(backend):
+    # A new process (as `cdc-join run` from a scheduler) on the backend of this test session:
+    # every phase before the run is timed, and both runs report every step with its jobs.
+    found = process_profile.profile(backend)
+    assert list(found["phases"]) == ["imports", "config", "spark session", "storage", "run 1", "run 2"]
+    assert all(seconds >= 0 for seconds in found["phases"].values()), found
+    cold, warm = found["runs"]
+    assert {"ingest", "plan", "silver", "commit"} <= set(cold["seconds"]) == set(warm["seconds"]), found
+    assert cold["spark_jobs"]["ingest"] > 0 and warm["spark_jobs"]["ingest"] > 0, found
+    assert found["wall"] > sum(found["phases"].values()) > 0
+    table = process_profile.table(backend, [found])
+    assert "| spark session |" in table and "| ingest |" in table, table
