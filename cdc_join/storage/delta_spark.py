@@ -461,7 +461,7 @@ class DeltaSparkStorage:
         key = (os.path.abspath(log), version, commit.st_ino, commit.st_mtime_ns, commit.st_size)
         found = self._schemas.get(key)
         if found is None:
-            found = self._stored(path, version).schema
+            found = _local_schema(log, version) or self._stored(path, version).schema
             if len(self._schemas) >= _SCHEMAS_KEPT:
                 self._schemas.clear()
             self._schemas[key] = found
@@ -1555,6 +1555,31 @@ def _local_schema_of(log: str, version: int) -> StructType | bool | None:
     except FileNotFoundError:
         return None
     return False
+
+
+def _local_schema(log: str, version: int) -> StructType | None:
+    """The schema of a local table at ``version`` from its commit files (the newest ``metaData``
+    at or before it), as Spark reads it, without a Spark job; ``None`` where only Delta can tell
+    (a commit file removed by the log's cleanup, or columns with metadata other than a comment:
+    column mapping, generated columns, char types, which Spark's read schema may show otherwise)."""
+    for at in range(version, -1, -1):
+        schema = _local_schema_of(log, at)
+        if schema is None:
+            return None
+        if isinstance(schema, StructType):
+            return schema if _only_comments(schema) else None
+    return None
+
+
+def _only_comments(kind: DataType) -> bool:
+    """Whether no field in ``kind`` (nested ones too) has metadata other than its comment."""
+    if isinstance(kind, StructType):
+        return all(set(f.metadata) <= {"comment"} and _only_comments(f.dataType) for f in kind.fields)
+    if isinstance(kind, ArrayType):
+        return _only_comments(kind.elementType)
+    if isinstance(kind, MapType):
+        return _only_comments(kind.keyType) and _only_comments(kind.valueType)
+    return True
 
 
 def _additive(before: StructType | None, after: StructType) -> bool:

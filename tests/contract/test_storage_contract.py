@@ -467,6 +467,51 @@ def test_a_table_deleted_and_created_again_has_its_new_schema(store, spark, tmp_
     assert rows(store.read(path), "other") == [{"other": "x"}]
 
 
+def test_a_schema_read_from_the_log_is_the_schema_a_read_gives(store, spark, tmp_path):
+    # delta-spark reads a local table's schema from its commit files (no Spark job): it must be
+    # what Spark's read of the table gives, for every type a run writes, after each commit.
+    # (delta-rs's reads go through parquet, which keeps no NOT NULL: types compared alone there.)
+    path = str(tmp_path / "t")
+
+    def same(schema: StructType, read: StructType) -> bool:
+        return schema == read if store.name == "delta-spark" else schema.simpleString() == read.simpleString()
+
+    rich = StructType(
+        [
+            StructField("id", LongType(), False),
+            StructField("amount", DecimalType(12, 2), True),
+            StructField("day", DateType(), True),
+            StructField("at", TimestampType(), True),
+            StructField("local", TimestampNTZType(), True),
+            StructField("raw", BinaryType(), True),
+            StructField("tags", ArrayType(StringType()), True),
+            StructField("untyped", ArrayType(NullType()), True),
+            StructField("attrs", MapType(StringType(), LongType()), True),
+            StructField("s", StructType([StructField("x", IntegerType()), StructField("ok", BooleanType())])),
+        ]
+    )
+    assert store.create(path, rich)
+    assert same(store.schema(path), store.read(path).schema)
+    row = (
+        1,
+        Decimal("1.50"),
+        date(2024, 1, 2),
+        datetime(2024, 1, 2, tzinfo=timezone.utc),
+        None,
+        b"x",
+        ["a"],
+        [],
+        {"k": 1},
+        (2, True),
+    )
+    store.append(path, spark.createDataFrame([row], rich))
+    assert same(store.schema(path), store.read(path).schema)
+    wider = StructType([*rich.fields, StructField("added", StringType(), True)])
+    store.evolve(path, wider)
+    assert same(store.schema(path), store.read(path).schema)
+    assert store.schema(path).names[-1] == "added"
+
+
 def test_evolve_adds_columns_and_widens_types_keeping_rows(store, spark, tmp_path):
     path = str(tmp_path / "t")
     nested = StructType(

@@ -151,3 +151,48 @@ def test_a_run_told_to_stop_after_its_ingest_ingests_first(tmp_path, spark, stor
     with pytest.raises(SimulatedCrash):
         pipeline.run(crash_after="ingest")
     assert storage.version(bronze) > before
+
+
+@pytest.mark.core
+@pytest.mark.storage_path  # each backend reads bronze's file statistics its own way
+def test_plan_counts_the_events_bronze_holds_for_the_next_run_without_spark(tmp_path, spark, storage):
+    import json
+
+    from cdc_join.cli.status import next_run
+    from cdc_join.landing import bronze
+
+    pipeline, w = _joined(tmp_path, spark, storage)
+    w.write("lhs", [w.upsert("lhs", {"id": k, "fk": 1, "v": 5}, 10 + n) for n, k in enumerate("cd")])
+    ingest_all(spark, storage, pipeline.config)  # in bronze, not yet applied
+    w.write("rhs", [w.upsert("rhs", {"id": 2, "value": "two"}, 20)])  # landed, not yet ingested
+    found = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _NO_SPARK,
+            "--storage",
+            storage.name,
+            "--json",
+            "plan",
+            str(pipeline.config.config_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    lines = found.stdout.splitlines()
+    assert lines[-1] == "no spark 0", found.stdout + found.stderr
+    plan = json.loads(lines[-2])
+    assert plan["events_to_apply"] == {"lhs": 2, "rhs": 0}, plan
+    assert plan["pending"]["rhs"]["files"] == 1 and plan["path"] == "incremental", plan
+    # What the run applies, read as it reads it (the change feed): the same two events.
+    previous = last_checkpoint(storage, pipeline.config)
+    version = storage.version(pipeline.config.bronze_path("lhs"))
+    assert bronze.increment(storage, pipeline.config, "lhs", previous, version).frame.count() == 2
+    assert next_run(storage, pipeline.config).events_to_apply == plan["events_to_apply"]
+    # A compaction rewrites bronze's files: its rows are no events, and the count says so.
+    from cdc_join.run.maintenance import optimize_pipeline
+
+    optimize_pipeline(storage, pipeline.config, force=True)
+    assert next_run(storage, pipeline.config).events_to_apply == {"lhs": 2, "rhs": 0}
