@@ -119,15 +119,22 @@ def _run_seconds(report: dict[str, Any] | None) -> float | None:
     return round(sum(report["seconds"].values()), 3)
 
 
+def _row(seconds: float, report: dict[str, Any] | None) -> dict[str, Any]:
+    """One command's measurement: its process's seconds, and its run report's seconds, idle
+    reason and Spark jobs where it has them."""
+    row: dict[str, Any] = {"process_s": round(seconds, 3), "run_s": _run_seconds(report)}
+    if report and report.get("idle"):
+        row["idle"] = report["idle"]
+    if report and report.get("spark_jobs"):
+        row["spark_jobs"] = sum(report["spark_jobs"].values())
+    return row
+
+
 def measure(storage: str, repeat: int, demo: bool) -> dict[str, list[dict[str, Any]]]:
     found: dict[str, list[dict[str, Any]]] = {m: [] for m in MEASURES}
 
     def note(measure: str, seconds: float, report: dict[str, Any] | None) -> None:
-        row = {"process_s": round(seconds, 3), "run_s": _run_seconds(report)}
-        if report and report.get("idle"):
-            row["idle"] = report["idle"]
-        if report and report.get("spark_jobs"):
-            row["spark_jobs"] = sum(report["spark_jobs"].values())
+        row = _row(seconds, report)
         found[measure].append(row)
         print(f"{storage} {measure}: {row}", flush=True)
 
@@ -175,13 +182,7 @@ def measure_sf01(storage: str, repeat: int, work: Path) -> list[dict[str, Any]]:
     for _ in range(repeat):
         batch = workload.change_batch(0.0, changes=SF01_ORDERS)
         seconds, report, _ = _command(storage, "--json", "run", config)
-        row = {
-            "process_s": round(seconds, 3),
-            "run_s": _run_seconds(report),
-            "changed_rows": batch.changed_rows,
-        }
-        if report and report.get("spark_jobs"):
-            row["spark_jobs"] = sum(report["spark_jobs"].values())
+        row = {**_row(seconds, report), "changed_rows": batch.changed_rows}
         rows.append(row)
         print(f"{storage} {SF01}: {row}", flush=True)
     return rows

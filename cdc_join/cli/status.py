@@ -19,7 +19,6 @@ import pyarrow.compute as pc
 from cdc_join.checkpoint import Checkpoint, last_checkpoint
 from cdc_join.checks import verify
 from cdc_join.config import PipelineConfig
-from cdc_join.errors import StorageError
 from cdc_join.landing import bronze
 from cdc_join.landing.ingest import logged_files
 from cdc_join.landing.listing import landing_files, list_folders
@@ -170,32 +169,13 @@ def _events_since(
     file of the applied version still there, each new file with its row count): then the rows
     of the new files are the change feed's inserts, and no Spark job is needed (delta-spark
     reads a local table's statistics from its log). Otherwise read as the run reads them."""
-    counted = _appended_rows(storage, config.bronze_path(name), previous.bronze_versions.get(name), version)
+    counted = bronze.appended_rows(storage, config, name, previous, version)
     if counted is not None:
         return counted
     found = bronze.increment(storage, config, name, previous, version)
     if found is None:
         return 0
     return found.arrow.num_rows if found.arrow is not None else found.frame.count()
-
-
-def _appended_rows(storage: Storage, path: str, start: int | None, end: int) -> int | None:
-    """The rows the files added to ``path`` after version ``start`` hold at ``end`` (all its
-    rows with ``start`` None), from file statistics; ``None`` when a file of ``start`` is gone
-    (compacted or rewritten: its rows are no change) or a file has no row count."""
-    if start is not None and start >= end:
-        return 0
-    try:
-        now = storage.files(path, end)
-        before = set() if start is None else {f.path for f in storage.files(path, start)}
-    except StorageError:
-        return None
-    if not before <= {f.path for f in now}:
-        return None
-    added = [f for f in now if f.path not in before]
-    if any(f.num_records is None or f.deleted_rows for f in added):
-        return None
-    return sum(int(f.num_records or 0) for f in added)
 
 
 def _runs(storage: Storage, config: PipelineConfig) -> list[dict[str, Any]]:

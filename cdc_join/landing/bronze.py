@@ -35,6 +35,7 @@ from cdc_join.errors import SourceNotReadyError, StorageError
 from cdc_join.report import RunReport
 from cdc_join.schemas import parse_type
 from cdc_join.storage import Storage
+from cdc_join.storage.base import FileStats
 
 
 def bronze_schema(row: StructType) -> StructType:
@@ -147,11 +148,37 @@ def increment(
 def _added_rows(storage: Storage, path: str, start: int, end: int) -> Increment | None:
     """The rows of the data files added between two versions of an append-only table."""
     try:
-        seen = {f.path for f in storage.files(path, start)}
-        added = [f.path for f in storage.files(path, end) if f.path not in seen]
+        added, _ = _files_since(storage, path, start, end)
     except StorageError:
         return Increment(storage.read(path, end))  # not even the checkpoint's version is left
-    return Increment(storage.read(path, end, files=added)) if added else None
+    return Increment(storage.read(path, end, files=[f.path for f in added])) if added else None
+
+
+def appended_rows(
+    storage: Storage, config: PipelineConfig, name: str, previous: Checkpoint, end: int
+) -> int | None:
+    """How many rows :func:`increment` gives, from file statistics alone (no Spark job): the rows
+    of the files added after the checkpoint's version, where bronze was only appended to since;
+    ``None`` where statistics cannot tell (a file of that version is gone, compacted or
+    rewritten, so its rows are no change; a file without a row count; the versions unreadable)."""
+    start = previous.bronze_versions.get(name)
+    if start is not None and start >= end:
+        return 0
+    try:
+        added, appended = _files_since(storage, config.bronze_path(name), start, end)
+    except StorageError:
+        return None
+    if not appended or any(f.num_records is None or f.deleted_rows for f in added):
+        return None
+    return sum(int(f.num_records or 0) for f in added)
+
+
+def _files_since(storage: Storage, path: str, start: int | None, end: int) -> tuple[list[FileStats], bool]:
+    """The data files of version ``end`` that version ``start`` lacks (all of them with ``start``
+    None), and whether every file of ``start`` is still there (the table was only appended to)."""
+    now = storage.files(path, end)
+    before = set() if start is None else {f.path for f in storage.files(path, start)}
+    return [f for f in now if f.path not in before], before <= {f.path for f in now}
 
 
 def empty(storage: Storage, config: PipelineConfig, name: str, version: int) -> DataFrame:
