@@ -1,7 +1,8 @@
 """The one seam to Delta: the protocol (``base``), its two backends (``delta_rs``, ``delta_spark``)
 chosen by ``select``, what both share (file statistics, keyed reads that skip files, columns
 stored untyped, the Delta jars a local session loads) and ``commits``: what a table's log says
-of the commits after a version.
+of the commits after a version; ``delta_txn`` is delta-spark's guarded append as one Delta
+transaction where the session's JVM is this process's.
 
 May import: the base modules (``errors``, ``schemas``, ``locations``, ``changeset``); nothing
 of the data flow.

@@ -1,9 +1,11 @@
 """The distributed storage backend: Delta Lake through the Delta jars on the Spark classpath.
 
 Used on Databricks and on any cluster started with Delta (delta-spark 4.x; ``withSchemaEvolution``
-needs 3.2 or later). Table data is only ever read and written by Spark through the public APIs of
+needs 3.2 or later). Table data is read and written by Spark through the public APIs of
 delta-spark (``delta.tables.DeltaTable``, ``format("delta")`` reads with ``versionAsOf`` and
-``readChangeFeed``, ``OPTIMIZE``), so Spark Connect works too.
+``readChangeFeed``, ``OPTIMIZE``), so Spark Connect works too. The one exception is a guarded
+append in a session whose JVM is this process's own: there it is one transaction of Delta's
+Scala API (:mod:`cdc_join.storage.delta_txn`), which needs no rebuild of the table's state.
 
 Choices that keep this backend interchangeable with :mod:`cdc_join.storage.delta_rs` (the
 contract tests in ``tests/contract`` run both):
@@ -100,7 +102,7 @@ from cdc_join.changeset import ChangeSet, Rows, frame_of, to_arrow
 from cdc_join.errors import ConcurrentRunError, StorageError
 from cdc_join.locations import glob_escape, has_scheme, is_table_name, local_path, quote_table_name
 from cdc_join.schemas import changed_types, conform, merge_schemas, quote, widens_to
-from cdc_join.storage import keyed
+from cdc_join.storage import delta_txn, keyed
 from cdc_join.storage.base import (
     DATA_PRESERVING_OPERATIONS,
     FileStats,
@@ -396,6 +398,8 @@ class DeltaSparkStorage:
         self._delta_rs_failed: set[str] = set()
         # A local table's commit file (path, version, inode, mtime, size) → the schema it leaves.
         self._schemas: dict[tuple[str, int, int, int, int], StructType] = {}
+        # Whether guarded appends can be Delta transactions in this JVM (None: not asked yet).
+        self._delta_log: bool | None = None
 
     # ------------------------------------------------------------------ helpers
 
@@ -813,10 +817,16 @@ class DeltaSparkStorage:
             df = to_stored(df, None if replacing else self.schema(path))
         if option is not None and option[0] != "replaceWhere":
             self._enable_features(path, df.schema)
+        guard = _Guard.of(expected_version, note)
+        if guard is not None and mode == "append" and option is None and self._appends_in_jvm(path, df):
+            with _spark_errors("append to", path):
+                location = self._location(path)
+                delta_txn.append_at(self.spark, location, df, guard.expected, GUARD_APP_ID, guard.token)
+            self._forget(path)
+            return self._metrics(path, self._commit_of(path, guard), mode)
         writer = df.write.format("delta").mode(mode)
         if option is not None:
             writer = writer.option(*option)
-        guard = _Guard.of(expected_version, note)
         if guard is not None:
             writer = (
                 writer.option("txnAppId", GUARD_APP_ID)
@@ -828,7 +838,20 @@ class DeltaSparkStorage:
         with _spark_errors("append to" if mode == "append" else mode, path):
             self._save(writer, path)
         self._forget(path)
-        commit = self._commit_of(path, guard)
+        return self._metrics(path, self._commit_of(path, guard), mode)
+
+    def _appends_in_jvm(self, path: str, df: DataFrame) -> bool:
+        """Whether a guarded append to ``path`` can be one transaction of Delta's own API
+        (:mod:`cdc_join.storage.delta_txn`): a path table of this session's open-source Delta,
+        and rows with exactly the table's columns and types."""
+        if self._delta_log is None:
+            self._delta_log = delta_txn.delta_log_class(self.spark) is not None
+        if not self._delta_log or is_table_name(path) or not self.exists(path):
+            return False
+        return delta_txn.same_columns(df.schema, self._stored_schema(path))
+
+    def _metrics(self, path: str, commit: Mapping[str, Any], mode: str) -> WriteMetrics:
+        """A write's metrics from its commit's history entry."""
         raw = commit.get("operationMetrics") or {}
         return WriteMetrics(
             version=int(commit["version"]) if commit else self.version(path),

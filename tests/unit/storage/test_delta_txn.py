@@ -1,0 +1,106 @@
+"""A guarded append on Delta-on-Spark as one Delta transaction (cdc_join.storage.delta_txn).
+
+The racing-writers contract test (tests/contract) covers two guarded appends checked at once;
+these cover the cases only this path has: a writer whose version check passed before another
+writer committed, a data-frame guarded write meeting this path's commit, and rows this path
+leaves to the data-frame writer.
+"""
+
+from __future__ import annotations
+
+import pytest
+from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+from cdc_join.errors import ConcurrentRunError
+from cdc_join.storage import delta_txn
+from cdc_join.storage.delta_spark import DeltaSparkStorage
+
+KV = StructType([StructField("id", LongType(), False), StructField("v", StringType(), True)])
+KV_DDL = "id long, v string"
+
+
+@pytest.fixture
+def store(spark) -> DeltaSparkStorage:
+    return DeltaSparkStorage(spark)
+
+
+@pytest.fixture
+def transactions(monkeypatch) -> list[int]:
+    """The versions each guarded append committed through Delta's own transaction."""
+    committed: list[int] = []
+    real = delta_txn.append_at
+
+    def spy(*args, **kwargs):
+        committed.append(real(*args, **kwargs))
+        return committed[-1]
+
+    monkeypatch.setattr(delta_txn, "append_at", spy)
+    return committed
+
+
+def _table(store: DeltaSparkStorage, spark, path: str) -> int:
+    store.create(path, KV)
+    store.append(path, spark.createDataFrame([(1, "a")], KV_DDL))
+    return store.version(path)
+
+
+def _ids(store: DeltaSparkStorage, path: str) -> list[int]:
+    return sorted(r["id"] for r in store.read(path).collect())
+
+
+def test_a_guarded_append_is_one_delta_transaction_with_the_write_s_token_and_metrics(
+    store, spark, tmp_path, transactions
+):
+    path = str(tmp_path / "t")
+    seen = _table(store, spark, path)
+    written = store.append(
+        path, spark.createDataFrame([(2, "b"), (3, None)], KV_DDL), expected_version=seen, note="run 7"
+    )
+    assert transactions == [seen + 1]
+    assert written.version == seen + 1 and written.rows_inserted == 2 and written.files_added > 0
+    last = store.history(path, 1)[0]
+    assert last["operation"] == "WRITE" and last["userMetadata"].startswith("run 7:")
+    assert _ids(store, path) == [1, 2, 3]
+
+
+def test_a_guarded_append_whose_check_passed_before_another_commit_does_not_land(
+    store, spark, tmp_path, transactions, monkeypatch
+):
+    # The version check came before the other writer's commit, the transaction after it: the
+    # transaction starts at a later version than the write expects, so it writes nothing.
+    path = str(tmp_path / "t")
+    seen = _table(store, spark, path)
+    store.append(path, spark.createDataFrame([(2, "winner")], KV_DDL), expected_version=seen)
+    monkeypatch.setattr(DeltaSparkStorage, "_check_version", lambda *_: None)
+    with pytest.raises(ConcurrentRunError, match="moved past version"):
+        store.append(path, spark.createDataFrame([(3, "late")], KV_DDL), expected_version=seen)
+    assert _ids(store, path) == [1, 2]
+    assert store.version(path) == seen + 1
+
+
+def test_a_data_frame_guarded_write_of_a_version_this_path_committed_is_skipped(
+    store, spark, tmp_path, transactions, monkeypatch
+):
+    # Over Spark Connect (or with rows of other types) the same guard is the data-frame
+    # writer's transaction id; the commit here carries it, so such a writer skips and loses.
+    path = str(tmp_path / "t")
+    seen = _table(store, spark, path)
+    store.append(path, spark.createDataFrame([(2, "jvm")], KV_DDL), expected_version=seen)
+    assert transactions == [seen + 1]
+    monkeypatch.setattr(DeltaSparkStorage, "_check_version", lambda *_: None)
+    monkeypatch.setattr(DeltaSparkStorage, "_appends_in_jvm", lambda *_: False)
+    with pytest.raises(ConcurrentRunError):
+        store.append(path, spark.createDataFrame([(3, "frame")], KV_DDL), expected_version=seen)
+    assert _ids(store, path) == [1, 2]
+
+
+def test_rows_of_other_types_or_unguarded_appends_take_the_data_frame_writer(
+    store, spark, tmp_path, transactions
+):
+    path = str(tmp_path / "t")
+    seen = _table(store, spark, path)
+    store.append(path, spark.createDataFrame([("b", 2)], "v string, id long"), expected_version=seen)
+    store.append(path, spark.createDataFrame([(3, "c")], KV_DDL))
+    assert transactions == []
+    assert _ids(store, path) == [1, 2, 3]
+    assert store.read(path).schema["id"].dataType == LongType()
