@@ -104,3 +104,18 @@ def test_rows_of_other_types_or_unguarded_appends_take_the_data_frame_writer(
     assert transactions == []
     assert _ids(store, path) == [1, 2, 3]
     assert store.read(path).schema["id"].dataType == LongType()
+
+
+class _Remote:
+    """A session whose JVM is elsewhere (Spark Connect): it has no ``_jvm`` here."""
+
+    @property
+    def _jvm(self):
+        raise AttributeError("_jvm is not supported in Spark Connect")
+
+
+def test_a_session_without_a_jvm_here_or_on_databricks_keeps_the_data_frame_writer(spark, monkeypatch):
+    assert delta_txn.delta_log_class(_Remote()) is None
+    assert delta_txn.delta_log_class(spark) is not None
+    monkeypatch.setenv("DATABRICKS_RUNTIME_VERSION", "17.3")
+    assert delta_txn.delta_log_class(spark) is None
