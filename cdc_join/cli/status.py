@@ -11,7 +11,7 @@ import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pyarrow.compute as pc
@@ -54,11 +54,7 @@ class Status:
             lines.append(f"unfinished run: it wrote {', '.join(self.unfinished)}; `cdc-join run` finishes it")
         lines.append("sources:")
         for name, s in self.sources.items():
-            lag = (
-                "no events yet"
-                if s["lag_minutes"] is None
-                else f"newest event {s['lag_minutes']:.0f} min ago"
-            )
+            lag = "no events yet" if s["lag_minutes"] is None else f"newest event {age(s['lag_minutes'])}"
             lines.append(
                 f"  {name}: {lag}; {s['pending_files']} landing file(s) not ingested yet; "
                 f"{s['quarantined']} line(s) quarantined"
@@ -87,11 +83,11 @@ class NextRun:
 
     def summary(self) -> str:
         files = ", ".join(f"{n}: {p['files']} file(s), {p['bytes']} bytes" for n, p in self.pending.items())
-        applied = ", ".join(f"{n}: {c}" for n, c in self.events_to_apply.items() if c)
+        applied = ", ".join(f"{n}: {c} event(s)" for n, c in self.events_to_apply.items() if c)
         lines = [
             f"to ingest: {files or 'nothing'}",
-            f"ingested, not yet applied: {applied or 'nothing'} event(s)",
-            f"path: {self.path or 'nothing to join'} ({self.reason})",
+            f"ingested, not yet applied: {applied or 'no events'}",
+            f"path: {self.path or ('chosen after the ingest' if self.pending else 'none')} ({self.reason})",
         ]
         if self.pending:
             lines.append("  (the files still to ingest may change the path: their events are not counted)")
@@ -122,8 +118,7 @@ def next_run(storage: Storage, config: PipelineConfig) -> NextRun:
     previous = last_checkpoint(storage, config)
     missing = [n for n in config.sources if not storage.exists(config.bronze_path(n))]
     if missing:
-        reason = f"source(s) {', '.join(missing)} have no events in bronze yet"
-        return NextRun(pending, None, reason, writes=_ingest_writes(config, pending))
+        return _before_bronze(config, pending, previous, missing)
     versions = {n: storage.version(config.bronze_path(n)) for n in config.sources}
     events = {n: _events_since(storage, config, n, previous, versions[n]) for n in config.sources}
     types = silver.source_types(storage, config)
@@ -139,6 +134,46 @@ def next_run(storage: Storage, config: PipelineConfig) -> NextRun:
         config.runs_path,
     ]
     return NextRun(pending, plan.path.value, plan.reason, events, writes)
+
+
+def _before_bronze(
+    config: PipelineConfig, pending: Mapping[str, Any], previous: Checkpoint, missing: list[str]
+) -> NextRun:
+    """What the next run does while sources have no bronze table yet: nothing to join until
+    the left source has events; a new pipeline's first run once its landing files hold them."""
+    ingest = _ingest_writes(config, pending)
+    if config.left in missing and config.left not in pending:
+        reason = f"source {config.left!r} (the left side) has no events yet: nothing to join"
+        return NextRun(dict(pending), None, reason, writes=ingest)
+    if previous.run_id == 0 and pending:
+        files = sum(p["files"] for p in pending.values())
+        reason = (
+            f"the first run: it ingests {files} landing file(s), then builds every state table, "
+            "the subscriptions and silver from all of bronze (recompute; rebuild if bronze is large)"
+        )
+        tables = [
+            *(config.state_path(n) for n in config.sources),
+            *(config.subscription_path(j) for j in config.joins),
+            config.silver_path,
+            config.runs_path,
+        ]
+        return NextRun(dict(pending), None, reason, writes=[*ingest, *tables])
+    reason = f"source(s) {', '.join(missing)} have no events in bronze yet"
+    return NextRun(dict(pending), None, reason, writes=ingest)
+
+
+def age(minutes: float) -> str:
+    """How long ago, as a person reads it: minutes, hours, then days with the date (UTC)."""
+    if minutes < 1:
+        return "under a minute ago"
+    if minutes < 60:
+        return f"{minutes:.0f} min ago"
+    if minutes < 24 * 60:
+        hours, rest = divmod(round(minutes), 60)
+        return f"{hours} h {rest} min ago"
+    when = datetime.now(timezone.utc) - timedelta(minutes=minutes)
+    days = round(minutes / (24 * 60))
+    return f"{days} day{'s' if days != 1 else ''} ago ({when:%Y-%m-%d %H:%M} UTC)"
 
 
 def _ingest_writes(config: PipelineConfig, pending: Mapping[str, Any]) -> list[str]:

@@ -79,6 +79,23 @@ def test_plan_says_what_the_next_run_would_do_without_writing_anything(landed, s
     assert "to ingest: lhs: 1 file(s)" in capsys.readouterr().out
 
 
+def test_plan_on_a_new_lake_says_what_the_first_run_will_do(tmp_path, spark, storage, capsys):
+    pipeline, w = make_pipeline(tmp_path, spark, storage, join_type="left")
+    config = str(pipeline.config.config_path)
+    w.write("rhs", [w.upsert("rhs", {"id": 1, "value": "r1"}, 1)])
+    assert _cli("plan", config) == 0  # only the right side has events
+    assert "has no events yet: nothing to join" in capsys.readouterr().out
+    w.write("lhs", [w.upsert("lhs", {"id": "a", "fk": 1, "v": 0}, 2)])
+    assert _cli("plan", config, "--json") == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["path"] is None and plan["reason"].startswith("the first run: it ingests 2 landing file(s)")
+    assert {pipeline.config.state_path("lhs"), pipeline.config.silver_path} <= set(plan["writes"])
+    assert _cli("plan", config) == 0
+    out = capsys.readouterr().out
+    assert "path: chosen after the ingest (the first run" in out and "nothing event" not in out
+    assert not Path(pipeline.config.silver_path).exists()  # plan wrote nothing
+
+
 def test_status_shows_the_last_runs_each_source_and_the_tables(landed, capsys):
     pipeline, w, config = landed
     assert _cli("-q", "run", config) == 0
