@@ -16,8 +16,10 @@ one transaction of Delta's own API, with no state to rebuild:
 - ``readWholeTable()`` marks the transaction as depending on every row, so a data-changing
   commit that lands after V (another guarded append, which is not a blind append for the same
   reason, or the data-frame path's guarded write) makes Delta refuse this commit
-  (``ConcurrentAppendException``) instead of committing it on top; a commit that changes no
-  data (OPTIMIZE, a property) does not;
+  (``ConcurrentAppendException``) instead of committing it on top. So does a compaction
+  committed in that moment (Delta counts any removed file against a transaction that read the
+  whole table: ``ConcurrentDeleteReadException``), a lost race as a compaction committed after
+  the run read the table already is; a property change is not;
 - ``writeFiles`` writes the rows as Delta's own writer does (statistics, invariants, column
   mapping), and ``commit`` commits them with the transaction identifier's ``SetTransaction``
   (so a data-frame guarded write of the same version still finds it and skips) and the guard's
