@@ -19,7 +19,7 @@ one transaction of Delta's own API, with no state to rebuild:
   (``ConcurrentAppendException``) instead of committing it on top. So does a compaction
   committed in that moment (Delta counts any removed file against a transaction that read the
   whole table: ``ConcurrentDeleteReadException``), a lost race as a compaction committed after
-  the run read the table already is; a property change is not;
+  the run read the table already is (a metadata change stops any Delta transaction);
 - ``writeFiles`` writes the rows as Delta's own writer does (statistics, invariants, column
   mapping), and ``commit`` commits them with the transaction identifier's ``SetTransaction``
   (so a data-frame guarded write of the same version still finds it and skips) and the guard's
