@@ -819,11 +819,16 @@ class DeltaSparkStorage:
             self._enable_features(path, df.schema)
         guard = _Guard.of(expected_version, note)
         if guard is not None and mode == "append" and option is None and self._appends_in_jvm(path, df):
-            with _spark_errors("append to", path):
-                location = self._location(path)
-                delta_txn.append_at(self.spark, location, df, guard.expected, GUARD_APP_ID, guard.token)
-            self._forget(path)
-            return self._metrics(path, self._commit_of(path, guard), mode)
+            try:
+                with _spark_errors("append to", path):
+                    location = self._location(path)
+                    delta_txn.append_at(self.spark, location, df, guard.expected, GUARD_APP_ID, guard.token)
+            except delta_txn.Unsupported as exc:
+                _log.info("guarded appends go through the data-frame writer: %s", exc)
+                self._delta_log = False
+            else:
+                self._forget(path)
+                return self._metrics(path, self._commit_of(path, guard), mode)
         writer = df.write.format("delta").mode(mode)
         if option is not None:
             writer = writer.option(*option)

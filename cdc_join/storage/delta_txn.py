@@ -64,6 +64,11 @@ def same_columns(rows: StructType, table: StructType) -> bool:
     return [(f.name, f.dataType) for f in rows.fields] == [(f.name, f.dataType) for f in table.fields]
 
 
+class Unsupported(Exception):
+    """This JVM's Delta lacks a class or constructor the transaction needs (another release):
+    the caller writes through the data-frame writer instead. Nothing was written."""
+
+
 def append_at(
     spark: SparkSession, location: str, rows: DataFrame, expected: int, app_id: str, token: str
 ) -> int:
@@ -71,12 +76,26 @@ def append_at(
     ``expected``; the version committed.
 
     Raises:
+        Unsupported: before anything is written, where this Delta release's API differs.
         ConcurrentRunError: the table is past ``expected`` (checked when the transaction
             starts); a commit that changed data since is Delta's ``ConcurrentAppendException``,
             which the caller's error mapping turns into the same.
     """
+    from py4j.protocol import Py4JError
+
     jvm = spark._jvm  # type: ignore[attr-defined]
-    delta = jvm.org.apache.spark.sql.delta
+    try:
+        delta = jvm.org.apache.spark.sql.delta
+        none = getattr(getattr(jvm.scala, "None$"), "MODULE$")
+        # DeltaOperations.Write(mode, partitionBy, predicate, userMetadata, five more options)
+        write = getattr(delta, "DeltaOperations$Write")(
+            jvm.org.apache.spark.sql.SaveMode.Append, none, none, jvm.scala.Some(token), *[none] * 5
+        )
+        now = jvm.scala.Some(int(time.time() * 1000))
+        actions = jvm.java.util.ArrayList()
+        actions.add(delta.actions.SetTransaction(app_id, expected + 1, now))
+    except Py4JError as exc:
+        raise Unsupported(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
     txn = delta.DeltaLog.forTable(spark._jsparkSession, location).startTransaction()  # type: ignore[attr-defined]
     if txn.readVersion() != expected:
         raise ConcurrentRunError(
@@ -84,15 +103,7 @@ def append_at(
             "committed to it first"
         )
     txn.readWholeTable()
-    actions = jvm.java.util.ArrayList()
     written = txn.writeFiles(rows._jdf).iterator()
     while written.hasNext():
         actions.add(written.next())
-    now = jvm.scala.Some(int(time.time() * 1000))
-    actions.add(delta.actions.SetTransaction(app_id, expected + 1, now))
-    none = getattr(getattr(jvm.scala, "None$"), "MODULE$")
-    # DeltaOperations.Write(mode, partitionBy, predicate, userMetadata, and five more options)
-    write = getattr(delta, "DeltaOperations$Write")(
-        jvm.org.apache.spark.sql.SaveMode.Append, none, none, jvm.scala.Some(token), *[none] * 5
-    )
     return int(txn.commit(jvm.scala.jdk.javaapi.CollectionConverters.asScala(actions).toList(), write))

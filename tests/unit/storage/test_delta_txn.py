@@ -119,3 +119,34 @@ def test_a_session_without_a_jvm_here_or_on_databricks_keeps_the_data_frame_writ
     assert delta_txn.delta_log_class(spark) is not None
     monkeypatch.setenv("DATABRICKS_RUNTIME_VERSION", "17.3")
     assert delta_txn.delta_log_class(spark) is None
+
+
+class _OtherDelta:
+    """A JVM whose Delta has other classes or constructors (another release)."""
+
+    class _View:
+        def __getattr__(self, name):
+            from py4j.protocol import Py4JError
+
+            raise Py4JError(f"{name} does not exist in the JVM")
+
+    _jvm = _View()
+
+
+def test_a_delta_release_with_another_api_is_told_before_anything_is_written():
+    with pytest.raises(delta_txn.Unsupported, match="does not exist"):
+        delta_txn.append_at(_OtherDelta(), "/nowhere", None, 0, "cdc_join", "token")
+
+
+def test_where_the_transaction_is_unsupported_the_data_frame_writer_appends(
+    store, spark, tmp_path, monkeypatch
+):
+    def unsupported(*_args, **_kwargs):
+        raise delta_txn.Unsupported("no DeltaOperations$Write of this shape")
+
+    monkeypatch.setattr(delta_txn, "append_at", unsupported)
+    path = str(tmp_path / "t")
+    seen = _table(store, spark, path)
+    written = store.append(path, spark.createDataFrame([(2, "b")], KV_DDL), expected_version=seen)
+    assert written.version == seen + 1 and _ids(store, path) == [1, 2]
+    assert store._delta_log is False  # not tried again
