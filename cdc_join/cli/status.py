@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -126,13 +126,7 @@ def next_run(storage: Storage, config: PipelineConfig) -> NextRun:
     changed = (
         [n for n, c in events.items() if c] if plan.path is not RunPath.REBUILD else list(config.sources)
     )
-    writes = [
-        *_ingest_writes(config, pending),
-        *(config.state_path(n) for n in changed),
-        *(config.subscription_path(j) for j in config.joins),
-        config.silver_path,
-        config.runs_path,
-    ]
+    writes = [*_ingest_writes(config, pending), *_join_writes(config, changed)]
     return NextRun(pending, plan.path.value, plan.reason, events, writes)
 
 
@@ -151,13 +145,7 @@ def _before_bronze(
             f"the first run: it ingests {files} landing file(s), then builds every state table, "
             "the subscriptions and silver from all of bronze (recompute; rebuild if bronze is large)"
         )
-        tables = [
-            *(config.state_path(n) for n in config.sources),
-            *(config.subscription_path(j) for j in config.joins),
-            config.silver_path,
-            config.runs_path,
-        ]
-        return NextRun(dict(pending), None, reason, writes=[*ingest, *tables])
+        return NextRun(dict(pending), None, reason, writes=[*ingest, *_join_writes(config, config.sources)])
     reason = f"source(s) {', '.join(missing)} have no events in bronze yet"
     return NextRun(dict(pending), None, reason, writes=ingest)
 
@@ -174,6 +162,17 @@ def age(minutes: float) -> str:
     when = datetime.now(timezone.utc) - timedelta(minutes=minutes)
     days = round(minutes / (24 * 60))
     return f"{days} day{'s' if days != 1 else ''} ago ({when:%Y-%m-%d %H:%M} UTC)"
+
+
+def _join_writes(config: PipelineConfig, changed: Iterable[str]) -> list[str]:
+    """The tables a run writes after its ingest: the state of each ``changed`` source, every
+    join's subscriptions, silver and the run log."""
+    return [
+        *(config.state_path(n) for n in changed),
+        *(config.subscription_path(j) for j in config.joins),
+        config.silver_path,
+        config.runs_path,
+    ]
 
 
 def _ingest_writes(config: PipelineConfig, pending: Mapping[str, Any]) -> list[str]:
