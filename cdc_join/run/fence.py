@@ -103,8 +103,10 @@ class Fenced:
         values: Sequence[Any],
         version: int | None = None,
         files: Sequence[str] | None = None,
+        *,
+        columns: Sequence[str] | None = None,
     ) -> pa.Table | None:
-        return self.inner.read_rows(path, column, values, self._at(path, version), files)
+        return self.inner.read_rows(path, column, values, self._at(path, version), files, columns=columns)
 
     def files(self, path: str, version: int | None = None) -> list[FileStats]:
         return self.inner.files(path, self._at(path, version))

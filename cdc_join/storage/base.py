@@ -19,7 +19,9 @@ Rules every backend follows (the contract tests in ``tests/contract`` check them
 - ``read_rows`` returns the rows of a snapshot whose column equals one of some values (a null
   matches nothing) as Arrow on the driver, where the backend reads Delta without Spark
   (delta-rs); a backend that would need a Spark job for it returns ``None`` and the caller
-  reads with Spark. Keyed reads of a run's changed keys go this way.
+  reads with Spark. Keyed reads of a run's changed keys go this way, and silver's hashes of
+  them (a table with deletion vectors: delta-rs's ``QueryBuilder`` reads it, without
+  ``files``). ``columns`` keeps only those columns.
 - ``read_changes`` returns the Change Data Feed rows committed in versions
   ``start_version..end_version`` (both inclusive; ``end_version=None`` means latest), with the
   columns ``_change_type`` (``insert``, ``update_preimage``, ``update_postimage``, ``delete``)
@@ -180,6 +182,8 @@ class Storage(Protocol):
         values: Sequence[Any],
         version: int | None = None,
         files: Sequence[str] | None = None,
+        *,
+        columns: Sequence[str] | None = None,
     ) -> pa.Table | None: ...
 
     def files(self, path: str, version: int | None = None) -> list[FileStats]: ...
@@ -275,9 +279,17 @@ def rows_matching(dataset: Any, column: str, values: Sequence[Any]) -> pa.Table:
 
 
 def _scanned(dataset: Any, fragment: Any, column: str, wanted: pa.Array) -> pa.Table:
-    """The matching rows of one fragment, by Arrow's dataset scanner."""
+    """The matching rows of one fragment, by Arrow's dataset scanner.
+
+    A file delta-rs rewrote (a delete, a merge) may store text as ``string_view``; the scanner
+    then cannot compare the file's statistics (delta-rs gives them as the fragment's guarantee)
+    with the filter, and fails. Such a file is read whole and filtered after its cast."""
     one = ds.FileSystemDataset([fragment], dataset.schema, dataset.format, dataset.filesystem)
-    return one.to_table(filter=pc.field(column).isin(wanted), batch_readahead=1)
+    try:
+        return one.to_table(filter=pc.field(column).isin(wanted), batch_readahead=1)
+    except pa.ArrowNotImplementedError:
+        whole = one.to_table(batch_readahead=1)
+        return whole.filter(pc.is_in(whole.column(column), value_set=wanted))
 
 
 #: Rows per batch of a streamed keyed read (:func:`rows_matching`): 32,768 rows of a wide

@@ -723,14 +723,18 @@ class DeltaRsStorage:
         values: Sequence[Any],
         version: int | None = None,
         files: Sequence[str] | None = None,
+        *,
+        columns: Sequence[str] | None = None,
     ) -> pa.Table | None:
         """The rows of the snapshot at ``version`` (default latest; only ``files`` of it) whose
-        ``column`` equals one of ``values``, read by delta-rs on the driver: no Spark job.
+        ``column`` equals one of ``values`` (only ``columns`` of them), read by delta-rs on the
+        driver: no Spark job.
 
         A null matches nothing, as in SQL's ``IN``. Parquet row groups whose statistics hold
-        no wanted value are skipped, and the scan runs on Arrow's thread pool. ``None`` for a
-        table whose protocol names deletion vectors (even with none left), which pyarrow
-        datasets refuse: Spark reads it instead.
+        no wanted value are skipped, and the scan runs on Arrow's thread pool. A table whose
+        protocol names deletion vectors (even with none left), which pyarrow datasets refuse,
+        is read by delta-rs's ``QueryBuilder`` (:func:`cdc_join.storage.keyed.rows_of`);
+        ``None`` where that cannot name the values or ``files`` are given: Spark reads it.
 
         Raises:
             StorageError: a file of ``files`` is not a data file of the snapshot (the table
@@ -738,9 +742,13 @@ class DeltaRsStorage:
         """
         dt = self._load(path, version)
         if "deletionVectors" in (dt.protocol().reader_features or []):
-            return None
+            if files is not None:
+                return None
+            with _delta_errors("read", path):
+                return keyed.rows_of(dt, column, values, columns)
         with _delta_errors("read", path):
-            return rows_matching(self._dataset(path, version, files), column, values)
+            found = rows_matching(self._dataset(path, version, files), column, values)
+        return found if columns is None else found.select(list(columns))
 
     def _dataset(self, path: str, version: int | None, files: Sequence[str] | None) -> pa.dataset.Dataset:
         """The snapshot's data files (or ``files`` of them) as a pyarrow dataset.

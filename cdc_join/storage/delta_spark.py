@@ -1155,15 +1155,52 @@ class DeltaSparkStorage:
         values: Sequence[Any],
         version: int | None = None,
         files: Sequence[str] | None = None,
+        *,
+        columns: Sequence[str] | None = None,
     ) -> pa.Table | None:
-        """The rows whose ``column`` equals one of ``values`` (a null matches nothing), read on
-        the driver where :meth:`_dataset` can; ``None`` where it cannot, and the keyed read
-        stays a Spark read (see :func:`cdc_join.storage.pruning.read_keyed`)."""
+        """The rows whose ``column`` equals one of ``values`` (a null matches nothing; only
+        ``columns`` of them), read on the driver where :meth:`_dataset` can, or, for a table
+        with deletion vectors (silver), by delta-rs's ``QueryBuilder`` (:meth:`_queried`);
+        ``None`` where neither can, and the keyed read stays a Spark read (see
+        :func:`cdc_join.storage.pruning.read_keyed`)."""
         dataset = self._dataset(path, version, files)
         if dataset is None:
-            return None
+            return None if files is not None else self._queried(path, column, values, version, columns)
         with _spark_errors("read", path):
-            return rows_matching(dataset, column, values)
+            found = rows_matching(dataset, column, values)
+        return found if columns is None else found.select(list(columns))
+
+    def _queried(
+        self,
+        path: str,
+        column: str,
+        values: Sequence[Any],
+        version: int | None,
+        columns: Sequence[str] | None,
+    ) -> pa.Table | None:
+        """:meth:`read_rows` of a local table with deletion vectors, which pyarrow datasets
+        cannot apply and delta-rs's ``QueryBuilder`` does (:func:`cdc_join.storage.keyed.rows_of`);
+        ``None`` for a table :meth:`_dataset` refuses for another reason, or values the query
+        cannot name. Measured on the scheduler's benchmark (a warm run of 10 changed rows):
+        silver's step went from 13 Spark jobs to 8 (2026-12-06)."""
+        log = _local_log(path)
+        if log is None:
+            return None
+        resolved = _local_log_version(log) if version is None else int(version)
+        if resolved is None:
+            raise StorageError(f"No Delta table at {path}")
+        try:
+            table = self._delta_rs_table(os.path.dirname(os.path.abspath(log)), resolved)
+            meta = table.metadata()
+            if meta.partition_columns or meta.configuration.get("delta.columnMapping.mode", "none") != "none":
+                return None
+            if not deleted_rows(table) or MARK in table.schema().to_json():
+                return None
+            return keyed.rows_of(table, column, values, columns)
+        except BaseException as exc:  # delta-rs cannot read this table: Spark does
+            if not isinstance(exc, Exception) and type(exc).__name__ != "PanicException":
+                raise
+            return None
 
     def _dataset(self, path: str, version: int | None, files: Sequence[str] | None) -> Any:
         """A local table's snapshot (or ``files`` of it) as a pyarrow dataset of its parquet

@@ -1,5 +1,6 @@
 """A predicate that names a set of keys, in the SQL of each backend: what a keyed replace
-(:meth:`cdc_join.storage.base.Storage.replace_keys`) deletes.
+(:meth:`cdc_join.storage.base.Storage.replace_keys`) deletes, and the query that reads those
+keys' rows on the driver from a table with deletion vectors (:func:`rows_of`).
 
 The keys are the rows of an Arrow table of one column (a key of several columns is not named
 yet: Spark's ``IN`` of structs wants the literals' struct type spelled out, field names and
@@ -19,6 +20,7 @@ from __future__ import annotations
 import datetime
 import decimal
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import pyarrow as pa
 
@@ -67,6 +69,44 @@ def _predicate(
         )
     values = [_literal(v, text) for v in keys.column(0).to_pylist()]
     return f"{identifier(columns[0])} IN ({', '.join(values)})"
+
+
+def rows_of(
+    table: Any, column: str, values: Sequence[Any], columns: Sequence[str] | None = None
+) -> pa.Table | None:
+    """The rows of a delta-rs table (``deltalake.DeltaTable``) whose ``column`` equals one of
+    ``values`` (a null matches nothing), only ``columns`` of them, read by delta-rs's
+    ``QueryBuilder``: the reader of delta-rs that applies deletion vectors, where pyarrow
+    datasets refuse such a table. ``None`` where :func:`nameable` cannot name the values.
+
+    The values are a ``VALUES`` list joined with the table, not an ``IN`` list: DataFusion's
+    process crashed (a segmentation fault, no exception) on ``IN`` of 50,000 integers, and
+    joined 250,000 (2026-12-06). A range of the values beside the join lets delta-rs skip the
+    files whose statistics lie outside it.
+    """
+    distinct = list(dict.fromkeys(v for v in values if v is not None))
+    schema = pa.schema(table.schema().to_arrow())
+    wanted = schema if columns is None else pa.schema([schema.field(c) for c in columns])
+    if not distinct:
+        return wanted.empty_table()
+    keys = pa.table({column: pa.array(distinct)})
+    if not nameable(keys):
+        return None
+    name = _delta_rs_identifier(column)
+    literals = [_literal(v, _delta_rs_text) for v in distinct]
+    where = ""
+    if not isinstance(distinct[0], bool):
+        low, high = (_literal(v, _delta_rs_text) for v in (min(distinct), max(distinct)))
+        where = f" WHERE t.{name} >= {low} AND t.{name} <= {high}"
+    listed = ", ".join(f"t.{_delta_rs_identifier(c)}" for c in wanted.names)
+    sql = (
+        f"SELECT {listed} FROM t JOIN (VALUES {', '.join(f'({v})' for v in literals)}) AS k(key)"
+        f" ON t.{name} = k.key{where}"
+    )
+    from deltalake import QueryBuilder
+
+    found = pa.table(QueryBuilder().register("t", table).execute(sql).read_all())
+    return found.select(wanted.names).cast(wanted)
 
 
 def _literal(value: object, text: Callable[[str], str]) -> str:

@@ -946,6 +946,22 @@ def test_optimize_purge_rewrites_the_rows_deletion_vectors_hide(store, spark, tm
         assert store.history(path, 1)[0]["operation"] == "REORG"
 
 
+def test_rows_read_on_the_driver_are_the_live_rows_of_a_table_whose_rows_were_deleted(store, spark, tmp_path):
+    # delta-spark hides deleted rows in deletion vectors, which pyarrow datasets cannot apply:
+    # its driver-side read is delta-rs's QueryBuilder (silver's hashes of the changed keys).
+    path = str(tmp_path / "t")
+    kv_table(store, spark, path, [(1, 1, "a"), (2, 1, "it's"), (3, 1, "c"), (4, 1, "d")])
+    store.delete(path, "id IN (1, 3)")
+    assert (sum(f.deleted_rows for f in store.files(path)) > 0) == (store.name == "delta-spark")
+    found = store.read_rows(path, "id", [4, 1, 2, 2, None], columns=["v", "id"])
+    assert found is not None
+    assert found.schema.names == ["v", "id"]
+    assert sorted(found.to_pylist(), key=lambda r: r["id"]) == [{"v": "it's", "id": 2}, {"v": "d", "id": 4}]
+    assert store.read_rows(path, "v", ["it's", "a"]).to_pylist() == [{"id": 2, "seq": 1, "v": "it's"}]
+    assert store.read_rows(path, "id", [], columns=["id"]).num_rows == 0
+    assert store.read_rows(path, "id", [1], version=1).to_pylist() == [{"id": 1, "seq": 1, "v": "a"}]
+
+
 def test_overwrite(store, spark, tmp_path):
     path = str(tmp_path / "t")
     kv_table(store, spark, path, [(1, 1, "a"), (2, 1, "b")])
@@ -1436,16 +1452,18 @@ def test_a_keyed_read_of_keys_of_another_type_matches_as_spark_compares_them(sto
         assert sorted(r["id"] for r in found.collect()) == [2, 3], ddl
 
 
-def test_delta_rs_reads_keys_of_a_table_pyarrow_cannot_open_with_spark(spark, tmp_path):
+def test_delta_rs_reads_keys_of_a_table_pyarrow_cannot_open_with_its_query_builder(spark, tmp_path):
     # A table whose protocol names deletion vectors (none left after a purge) is refused by
-    # pyarrow datasets but readable as parquet: the keyed read goes through Spark.
+    # pyarrow datasets: delta-rs's QueryBuilder reads its keys, and a keyed read of some of
+    # its files (which the query cannot name) goes through Spark.
     from deltalake import DeltaTable, TableFeatures
 
     store = get_storage(spark, "delta-rs")
     path = str(tmp_path / "t")
     kv_table(store, spark, path, [(1, 1, "a"), (2, 1, "b")])
     DeltaTable(path).alter.add_feature(TableFeatures.DeletionVectors, allow_protocol_versions_increase=True)
-    assert store.read_rows(path, "id", [1]) is None
+    assert store.read_rows(path, "id", [1, None]).to_pylist() == [{"id": 1, "seq": 1, "v": "a"}]
+    assert store.read_rows(path, "id", [1], files=[f.path for f in store.files(path)]) is None
     keys = spark.createDataFrame([(1,)], "k long")
     found, _ = read_keyed(store, path, keys, [("id", "k")], values=[1])
     assert rows(found) == [{"id": 1, "seq": 1, "v": "a"}]

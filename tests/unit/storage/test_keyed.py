@@ -1,4 +1,5 @@
-"""The predicate a keyed replace deletes by: which keys it can name, and its text per dialect."""
+"""The predicate a keyed replace deletes by: which keys it can name, and its text per dialect;
+the query that reads keys' rows with delta-rs."""
 
 from __future__ import annotations
 
@@ -36,3 +37,19 @@ def test_dates_decimals_and_booleans_are_literals_of_both_dialects_and_keys_of_t
     )
     assert keyed.spark_predicate(["b"], pa.table({"b": [True, False]})) == "`b` IN (TRUE, FALSE)"
     assert not keyed.nameable(pa.table({"a": [1], "b": [2]}))
+
+
+def test_rows_of_reads_the_keys_rows_from_both_ends_of_their_range_and_no_other(tmp_path):
+    from deltalake import DeltaTable, write_deltalake
+
+    path = str(tmp_path / "t")
+    write_deltalake(path, pa.table({"k": pa.array([1, 2, 3, 4, None], pa.int32()), "v": list("abcde")}))
+    write_deltalake(path, pa.table({"k": pa.array([5], pa.int32()), "v": ["f"]}), mode="append")
+    table = DeltaTable(path)
+    found = keyed.rows_of(table, "k", [5, 2, 2, None], ["v", "k"])
+    assert found.schema == pa.schema([("v", pa.string()), ("k", pa.int32())])
+    assert sorted(found.to_pylist(), key=lambda r: r["k"]) == [{"v": "b", "k": 2}, {"v": "f", "k": 5}]
+    texts = keyed.rows_of(table, "v", ["a", "it's"])
+    assert texts.to_pylist() == [{"k": 1, "v": "a"}]
+    assert keyed.rows_of(table, "k", [None]).num_rows == 0
+    assert keyed.rows_of(table, "k", [1.5]) is None  # no literal: the caller reads with Spark
