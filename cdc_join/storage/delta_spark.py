@@ -797,7 +797,14 @@ class DeltaSparkStorage:
         if str(self.spark.conf.get("spark.sql.parser.escapedStringLiterals", "false")).lower() == "true":
             raise StorageError("replace_keys needs spark.sql.parser.escapedStringLiterals off")
         where = keyed.spark_predicate(columns, keys)
-        return self._write(path, rows, "overwrite", ("replaceWhere", where), expected_version, note)
+        # Delta checks every written row against a replaceWhere predicate, evaluated row by row:
+        # an IN of 4,650 keys made writing 4,386 rows one task of 1.7 s (TPC-H SF 1). Rows on
+        # the driver are checked here instead, at once; a lazy frame keeps Delta's check.
+        on_driver = isinstance(rows, ChangeSet)
+        if on_driver:
+            keyed.check_named(rows.table, columns, keys)
+        with _session_confs(self.spark, {REPLACE_WHERE_CHECK: "false"} if on_driver else {}, optional=True):
+            return self._write(path, rows, "overwrite", ("replaceWhere", where), expected_version, note)
 
     def _write(
         self,
@@ -1449,21 +1456,37 @@ def _guard_confs(guard: _Guard | None) -> dict[str, str]:
     return {_TXN_APP_ID: GUARD_APP_ID, _TXN_VERSION: str(guard.txn_version), _USER_METADATA: guard.token}
 
 
+#: Delta's check that the rows a ``replaceWhere`` writes satisfy its predicate
+#: (``DeltaSQLConf.REPLACEWHERE_CONSTRAINT_CHECK_ENABLED``, on by default).
+REPLACE_WHERE_CHECK = "spark.databricks.delta.replaceWhere.constraintCheck.enabled"
+
+
 @contextmanager
-def _session_confs(spark: SparkSession, settings: Mapping[str, str]) -> Iterator[None]:
+def _session_confs(
+    spark: SparkSession, settings: Mapping[str, str], *, optional: bool = False
+) -> Iterator[None]:
     """Set session settings for the block, then put back what was there (or unset them).
 
     Under a process-wide lock, so two threads of this process never see each other's settings
-    (a guarded MERGE's transaction identifier, OPTIMIZE's file size).
+    (a guarded MERGE's transaction identifier, OPTIMIZE's file size). With ``optional``, a
+    session that refuses a setting (Databricks serverless allows only some) runs the block
+    without it.
     """
     if not settings:
         yield
         return
     with _SESSION_CONF_LOCK:
         # With a default, get() returns it unless the key was explicitly set: None means unset.
-        previous: dict[str, str | None] = {key: spark.conf.get(key, None) for key in settings}
+        previous: dict[str, str | None] = {}
         for key, value in settings.items():
-            spark.conf.set(key, value)
+            try:
+                previous[key] = spark.conf.get(key, None)
+                spark.conf.set(key, value)
+            except Exception:
+                if not optional:
+                    raise
+                _log.info("the session refused %s=%s; the write goes on without it", key, value)
+                previous.pop(key, None)
         try:
             yield
         finally:

@@ -23,6 +23,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
+
+from cdc_join.errors import StorageError
 
 #: The most keys one predicate names: its text grows with them, and Spark's parser with it.
 MOST_KEYS = 20_000
@@ -69,6 +72,21 @@ def _predicate(
         )
     values = [_literal(v, text) for v in keys.column(0).to_pylist()]
     return f"{identifier(columns[0])} IN ({', '.join(values)})"
+
+
+def check_named(rows: pa.Table, columns: Sequence[str], keys: pa.Table) -> None:
+    """Raise unless every row of ``rows`` has its key (``columns``) among ``keys``: a keyed
+    replace must not write a row whose key its delete did not name.
+
+    Raises:
+        StorageError: naming the first key that is not among them.
+    """
+    (column,) = columns
+    values = rows.column(column)
+    found = pc.fill_null(pc.is_in(values, value_set=keys.column(0).combine_chunks().cast(values.type)), False)
+    if not pc.all(found).as_py():
+        missing = values.filter(pc.invert(found))[0].as_py()
+        raise StorageError(f"a keyed replace got a row whose {column} ({missing!r}) is not among its keys")
 
 
 def rows_of(

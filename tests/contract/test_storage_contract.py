@@ -38,6 +38,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from cdc_join.changeset import materialize
 from cdc_join.errors import ConcurrentRunError, StorageError
 from cdc_join.storage import MergeSpec, Storage, delta_rs, get_storage
 from cdc_join.storage.base import FileStats
@@ -1014,6 +1015,17 @@ def test_replace_keys_deletes_the_named_keys_and_appends_rows_in_one_commit(stor
             path, spark.createDataFrame([(2, 3, "b3")], KV_DDL), ["id"], keys[:1], expected_version=1
         )
     assert store.version(path) == 2
+
+
+@pytest.mark.parametrize("given", ["frame", "change set"])
+def test_replace_keys_refuses_a_row_whose_key_it_does_not_name(store, spark, tmp_path, given):
+    path = str(tmp_path / "t")
+    kv_table(store, spark, path, [(1, 1, "a"), (2, 1, "b")])
+    frame = spark.createDataFrame([(2, 2, "b2"), (5, 1, "e")], KV_DDL)
+    written = frame if given == "frame" else materialize(frame)
+    with pytest.raises(StorageError):
+        store.replace_keys(path, written, ["id"], pa.table({"id": pa.array([2], pa.int64())}))
+    assert store.version(path) == 1
 
 
 def test_replace_keys_names_quoted_text(store, spark, tmp_path):
