@@ -84,9 +84,11 @@ def check_named(rows: pa.Table, columns: Sequence[str], keys: pa.Table) -> None:
     (column,) = columns
     values = rows.column(column)
     found = pc.fill_null(pc.is_in(values, value_set=keys.column(0).combine_chunks().cast(values.type)), False)
-    if not pc.all(found).as_py():
-        missing = values.filter(pc.invert(found))[0].as_py()
-        raise StorageError(f"a keyed replace got a row whose {column} ({missing!r}) is not among its keys")
+    missing = values.filter(pc.invert(found))
+    if len(missing):
+        raise StorageError(
+            f"a keyed replace got a row whose {column} ({missing[0].as_py()!r}) is not among its keys"
+        )
 
 
 def rows_of(

@@ -1026,6 +1026,10 @@ def test_replace_keys_refuses_a_row_whose_key_it_does_not_name(store, spark, tmp
     with pytest.raises(StorageError):
         store.replace_keys(path, written, ["id"], pa.table({"id": pa.array([2], pa.int64())}))
     assert store.version(path) == 1
+    # No rows at all: the keys' rows are deleted (a run whose changes are all deletes).
+    none = frame.limit(0) if given == "frame" else materialize(frame.limit(0))
+    store.replace_keys(path, none, ["id"], pa.table({"id": pa.array([2], pa.int64())}))
+    assert rows(store.read(path)) == [{"id": 1, "seq": 1, "v": "a"}]
 
 
 def test_replace_keys_names_quoted_text(store, spark, tmp_path):
