@@ -1490,11 +1490,11 @@ def _session_confs(
         try:
             yield
         finally:
-            for key, value in previous.items():
-                if value is None:
+            for key, held in previous.items():
+                if held is None:
                     spark.conf.unset(key)
                 else:
-                    spark.conf.set(key, value)
+                    spark.conf.set(key, held)
 
 
 def _merge_metrics(commit: Mapping[str, Any], returned: Mapping[str, Any], version: int) -> WriteMetrics:
