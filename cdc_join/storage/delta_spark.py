@@ -1190,6 +1190,24 @@ class DeltaSparkStorage:
         ``None`` for a table :meth:`_dataset` refuses for another reason, or values the query
         cannot name. Measured on the scheduler's benchmark (a warm run of 10 changed rows):
         silver's step went from 13 Spark jobs to 8 (2026-12-06)."""
+        found = self._driver_table(path, version)
+        if found is None or not found[1]:
+            return None
+        try:
+            return keyed.rows_of(found[0], column, values, columns)
+        except BaseException as exc:  # delta-rs cannot read this table: Spark does
+            if not isinstance(exc, Exception) and type(exc).__name__ != "PanicException":
+                raise
+            return None
+
+    def _driver_table(self, path: str, version: int | None) -> tuple[Any, bool] | None:
+        """delta-rs's view of a local table at ``version`` (default latest) and whether
+        deletion vectors hide rows of it, where its parquet files hold its rows as they are (no
+        partition values, no mapped column names, no stored void); ``None`` elsewhere.
+
+        Raises:
+            StorageError: no table at ``path``.
+        """
         log = _local_log(path)
         if log is None:
             return None
@@ -1201,9 +1219,9 @@ class DeltaSparkStorage:
             meta = table.metadata()
             if meta.partition_columns or meta.configuration.get("delta.columnMapping.mode", "none") != "none":
                 return None
-            if not deleted_rows(table) or MARK in table.schema().to_json():
+            if MARK in table.schema().to_json():  # a stored void: Spark reads it
                 return None
-            return keyed.rows_of(table, column, values, columns)
+            return table, bool(deleted_rows(table))
         except BaseException as exc:  # delta-rs cannot read this table: Spark does
             if not isinstance(exc, Exception) and type(exc).__name__ != "PanicException":
                 raise
@@ -1214,20 +1232,12 @@ class DeltaSparkStorage:
         files, which gives exactly its rows where none of them has a deletion vector, no column
         is mapped and none partitions it (tables cdc_join appends to: state, subscriptions,
         logs); ``None`` elsewhere. delta-rs reads the log: no Spark job."""
-        log = _local_log(path)
-        if log is None:
+        found = self._driver_table(path, version)
+        if found is None or found[1]:
             return None
-        root = os.path.dirname(os.path.abspath(log))
-        resolved = _local_log_version(log) if version is None else int(version)
-        if resolved is None:
-            raise StorageError(f"No Delta table at {path}")
+        table = found[0]
+        root = os.path.dirname(os.path.abspath(str(_local_log(path))))
         try:
-            table = self._delta_rs_table(root, resolved)
-            meta = table.metadata()
-            if meta.partition_columns or meta.configuration.get("delta.columnMapping.mode", "none") != "none":
-                return None
-            if deleted_rows(table) or MARK in table.schema().to_json():  # a stored void: Spark reads it
-                return None
             names = [
                 unquote(a) for a in pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()
             ]
