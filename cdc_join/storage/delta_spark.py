@@ -98,7 +98,7 @@ from pyspark.sql.types import (
     TimestampNTZType,
 )
 
-from cdc_join.changeset import ChangeSet, Rows, frame_of, to_arrow
+from cdc_join.changeset import ChangeSet, Rows, arrow_schema, frame_of, to_arrow
 from cdc_join.errors import ConcurrentRunError, StorageError
 from cdc_join.locations import glob_escape, has_scheme, is_table_name, local_path, quote_table_name
 from cdc_join.schemas import changed_types, conform, merge_schemas, quote, widens_to
@@ -815,6 +815,10 @@ class DeltaSparkStorage:
         expected_version: int | None,
         note: str | None = None,
     ) -> WriteMetrics:
+        if mode == "append" and option is None and isinstance(rows, ChangeSet):
+            appended = self._append_file(path, rows, expected_version, note)
+            if appended is not None:
+                return appended
         df = _few_files(rows)
         self._check_version(path, expected_version)
         replacing = option == ("overwriteSchema", "true")
@@ -852,7 +856,7 @@ class DeltaSparkStorage:
         self._forget(path)
         return self._metrics(path, self._commit_of(path, guard), mode)
 
-    def _appends_in_jvm(self, path: str, df: DataFrame) -> bool:
+    def _appends_in_jvm(self, path: str, df: DataFrame | StructType) -> bool:
         """Whether a guarded append to ``path`` can be one transaction of Delta's own API
         (:mod:`cdc_join.storage.delta_txn`): a path table of this session's open-source Delta,
         and rows with exactly the table's columns and types."""
@@ -860,7 +864,55 @@ class DeltaSparkStorage:
             self._delta_log = delta_txn.delta_log_class(self.spark) is not None
         if not self._delta_log or is_table_name(path) or not self.exists(path):
             return False
-        return delta_txn.same_columns(df.schema, self._stored_schema(path))
+        schema = df if isinstance(df, StructType) else df.schema
+        return delta_txn.same_columns(schema, self._stored_schema(path))
+
+    def _append_file(
+        self, path: str, rows: ChangeSet, expected_version: int | None, note: str | None
+    ) -> WriteMetrics | None:
+        """Rows on the driver appended as one data file written here, in one Delta transaction
+        (:func:`cdc_join.storage.delta_txn.append_file`: no Spark query), where the table is a
+        folder on this machine that takes such a file and the rows have exactly its columns and
+        types; ``None``, with nothing written, where not (Spark's writer then appends them)."""
+        folder = None if is_table_name(path) else local_path(self._location(path))
+        if folder is None or not self._appends_in_jvm(path, rows.schema):
+            return None
+        stored = self._stored_schema(path)
+        if is_marked(stored) or has_untyped(rows.schema):
+            return None
+        self._check_version(path, expected_version)
+        try:  # nullable in the file, as Spark writes it; Delta's NOT NULL is checked apart
+            kinds = pa.schema([f.with_nullable(True) for f in arrow_schema(stored)])
+            table = rows.table.select(stored.names).cast(kinds)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, KeyError, TypeError, ValueError):
+            return None
+        guard = _Guard.of(expected_version, note)
+        try:
+            with _spark_errors("append to", path):
+                version = delta_txn.append_file(
+                    self.spark,
+                    self._location(path),
+                    folder,
+                    table,
+                    None if guard is None else guard.expected,
+                    GUARD_APP_ID,
+                    note if guard is None else guard.token,
+                )
+        except delta_txn.Unsupported as exc:
+            _log.info("appends of rows on the driver go through the data-frame writer: %s", exc)
+            self._delta_log = False
+            return None
+        if version is None:
+            return None
+        self._forget(path)
+        metrics = {"numFiles": 1, "numOutputRows": table.num_rows}
+        return WriteMetrics(
+            version=version,
+            rows_inserted=table.num_rows,
+            files_added=1,
+            files_removed=0,
+            extra={"operation": "WRITE", "metrics": metrics},
+        )
 
     def _metrics(self, path: str, commit: Mapping[str, Any], mode: str) -> WriteMetrics:
         """A write's metrics from its commit's history entry."""

@@ -32,14 +32,17 @@ casts them; this path leaves every other case to it). Measured on a table of a f
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any
 
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from cdc_join.errors import ConcurrentRunError
+from cdc_join.storage import arrow_files
 
 
 def delta_log_class(spark: SparkSession) -> Any | None:
@@ -81,29 +84,121 @@ def append_at(
             starts); a commit that changed data since is Delta's ``ConcurrentAppendException``,
             which the caller's error mapping turns into the same.
     """
-    from py4j.protocol import Py4JError
-
     jvm = spark._jvm  # type: ignore[attr-defined]
+    delta, operation = _api(jvm, token)
+    try:
+        actions = jvm.java.util.ArrayList()
+        now = jvm.scala.Some(int(time.time() * 1000))
+        actions.add(delta.actions.SetTransaction(app_id, expected + 1, now))
+    except _py4j_error() as exc:
+        raise Unsupported(_first_line(exc)) from exc
+    txn = _started_at(spark, delta, location, expected)
+    written = txn.writeFiles(rows._jdf).iterator()
+    while written.hasNext():
+        actions.add(written.next())
+    return int(txn.commit(jvm.scala.jdk.javaapi.CollectionConverters.asScala(actions).toList(), operation))
+
+
+def append_file(
+    spark: SparkSession,
+    location: str,
+    folder: str,
+    table: pa.Table,
+    expected: int | None,
+    app_id: str,
+    note: str | None,
+) -> int | None:
+    """Add ``table`` (rows on the driver, in the table's columns and Arrow types) to the Delta
+    table at ``location``, whose folder on this machine is ``folder``, as one data file written
+    here (:mod:`cdc_join.storage.arrow_files`), in one transaction: at ``expected`` as
+    :func:`append_at` commits, or without it as a blind append. ``note`` is the commit's user
+    metadata. The version committed; ``None``, with nothing written, where the table takes no
+    such file or a NOT NULL column of it would get a null (Spark's writer then writes, or
+    refuses, the rows).
+
+    Raises:
+        Unsupported: before anything is written, where this Delta release's API differs.
+        ConcurrentRunError: as :func:`append_at`.
+    """
+    jvm = spark._jvm  # type: ignore[attr-defined]
+    delta, operation = _api(jvm, note)
+    txn = _started_at(spark, delta, location, expected)
+    try:
+        action = delta.actions.Action.fromJson
+        metadata = json.loads(txn.metadata().json())["metaData"]
+        protocol = json.loads(txn.protocol().json())["protocol"]
+    except _py4j_error() as exc:
+        raise Unsupported(_first_line(exc)) from exc
+    schema = json.loads(metadata.get("schemaString") or "{}")
+    if arrow_files.refused(protocol, metadata) or arrow_files.nulls_where_refused(table, schema):
+        return None
+    written = arrow_files.write(table, folder)
+    actions = jvm.java.util.ArrayList()
+    if expected is not None:
+        lines = {"appId": app_id, "version": expected + 1, "lastUpdated": int(time.time() * 1000)}
+        actions.add(action(json.dumps({"txn": lines})))
+    actions.add(action(written.add_action()))
+    _metrics(spark, txn, {"numFiles": 1, "numOutputRows": written.rows, "numOutputBytes": written.size})
+    return int(txn.commit(jvm.scala.jdk.javaapi.CollectionConverters.asScala(actions).toList(), operation))
+
+
+def _api(jvm: Any, note: str | None) -> tuple[Any, Any]:
+    """Delta's package in this JVM, and the ``WRITE`` operation of an append with ``note`` as
+    its user metadata."""
     try:
         delta = jvm.org.apache.spark.sql.delta
         none = getattr(getattr(jvm.scala, "None$"), "MODULE$")
+        metadata = none if note is None else jvm.scala.Some(note)
         # DeltaOperations.Write(mode, partitionBy, predicate, userMetadata, five more options)
         write = getattr(delta, "DeltaOperations$Write")(
-            jvm.org.apache.spark.sql.SaveMode.Append, none, none, jvm.scala.Some(token), *[none] * 5
+            jvm.org.apache.spark.sql.SaveMode.Append, none, none, metadata, *[none] * 5
         )
-        now = jvm.scala.Some(int(time.time() * 1000))
-        actions = jvm.java.util.ArrayList()
-        actions.add(delta.actions.SetTransaction(app_id, expected + 1, now))
-    except Py4JError as exc:
-        raise Unsupported(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
+    except _py4j_error() as exc:
+        raise Unsupported(_first_line(exc)) from exc
+    return delta, write
+
+
+def _started_at(spark: SparkSession, delta: Any, location: str, expected: int | None) -> Any:
+    """A transaction on the table's latest snapshot, which must be ``expected`` (if given); it
+    then depends on every row of the table (see the module docstring)."""
     txn = delta.DeltaLog.forTable(spark._jsparkSession, location).startTransaction()  # type: ignore[attr-defined]
+    if expected is None:
+        return txn
     if txn.readVersion() != expected:
         raise ConcurrentRunError(
             f"the Delta table at {location} moved past version {expected}: another writer "
             "committed to it first"
         )
     txn.readWholeTable()
-    written = txn.writeFiles(rows._jdf).iterator()
-    while written.hasNext():
-        actions.add(written.next())
-    return int(txn.commit(jvm.scala.jdk.javaapi.CollectionConverters.asScala(actions).toList(), write))
+    return txn
+
+
+def _metrics(spark: SparkSession, txn: Any, values: dict[str, int]) -> None:
+    """Give the commit the operation metrics Delta's writer records (its history shows them);
+    where this Delta cannot take them, the commit has none."""
+    jvm = spark._jvm  # type: ignore[attr-defined]
+    try:
+        create = jvm.org.apache.spark.sql.execution.metric.SQLMetrics.createMetric
+        found = jvm.java.util.HashMap()
+        for name, value in values.items():
+            metric = create(spark.sparkContext._jsc.sc(), name)
+            metric.add(value)
+            found.put(name, metric)
+        scala = jvm.scala.jdk.javaapi.CollectionConverters.asScala(found)
+        immutable = getattr(getattr(getattr(jvm.scala.collection.immutable, "Map$"), "MODULE$"), "from")(
+            scala
+        )
+        txn.registerSQLMetrics(spark._jsparkSession, immutable)
+    except _py4j_error():  # the history shows no metrics
+        return
+
+
+def _py4j_error() -> type[Exception]:
+    from py4j.protocol import Py4JError  # not in a Spark Connect client's install
+
+    return Py4JError
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

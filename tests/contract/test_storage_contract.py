@@ -38,7 +38,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from cdc_join.changeset import materialize
+from cdc_join.changeset import arrow_schema, from_arrow, materialize
 from cdc_join.errors import ConcurrentRunError, StorageError
 from cdc_join.storage import MergeSpec, Storage, delta_rs, get_storage
 from cdc_join.storage.base import FileStats
@@ -181,11 +181,12 @@ def test_a_write_expecting_a_version_fails_once_another_writer_moved_the_table(s
     assert store.version(path) == seen + 1
 
 
-@pytest.mark.parametrize("kind", ["append", "overwrite", "merge"])
+@pytest.mark.parametrize("kind", ["append", "append of rows on the driver", "overwrite", "merge"])
 def test_racing_writes_expecting_one_version_commit_once(store, spark, tmp_path, kind):
     # Both writers pass the version check before either commits (as two runs committing their
     # checkpoint at the same moment, or a full refresh overwriting state a run appends to): the
-    # commit itself must refuse the second, whatever the write.
+    # commit itself must refuse the second, whatever the write (rows on the driver, as a run's
+    # state, subscriptions and run log are, take a path of their own on delta-spark).
     path = str(tmp_path / "t")
     kv_table(store, spark, path, [(1, 1, "a")])
     seen = store.version(path)
@@ -205,7 +206,10 @@ def test_racing_writes_expecting_one_version_commit_once(store, spark, tmp_path,
     def write(n: int) -> None:
         rows_of_n = spark.createDataFrame([(10 + n, 1, "x")], KV_DDL)
         try:
-            if kind == "merge":
+            if kind == "append of rows on the driver":
+                driver = pa.Table.from_pylist([{"id": 10 + n, "seq": 1, "v": "x"}], arrow_schema(KV))
+                store.append(path, from_arrow(spark, KV, driver), expected_version=seen)
+            elif kind == "merge":
                 store.merge(path, rows_of_n, MergeSpec(on="t.id = s.id"), expected_version=seen)
             else:
                 getattr(store, kind)(path, rows_of_n, expected_version=seen)

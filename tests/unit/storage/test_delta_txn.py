@@ -3,15 +3,21 @@
 The racing-writers contract test (tests/contract) covers two guarded appends checked at once;
 these cover the cases only this path has: a writer whose version check passed before another
 writer committed, a data-frame guarded write meeting this path's commit, and rows this path
-leaves to the data-frame writer.
+leaves to the data-frame writer. Rows already on the driver (change sets) are added as a data
+file written here (cdc_join.storage.arrow_files), in the same transaction, without a Spark job.
 """
 
 from __future__ import annotations
 
+import os
+
+import pyarrow as pa
 import pytest
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from cdc_join.errors import ConcurrentRunError
+from cdc_join.changeset import arrow_schema, from_arrow
+from cdc_join.errors import ConcurrentRunError, StorageError
+from cdc_join.report import SparkJobs
 from cdc_join.storage import delta_txn
 from cdc_join.storage.delta_spark import DeltaSparkStorage
 
@@ -150,3 +156,84 @@ def test_where_the_transaction_is_unsupported_the_data_frame_writer_appends(
     written = store.append(path, spark.createDataFrame([(2, "b")], KV_DDL), expected_version=seen)
     assert written.version == seen + 1 and _ids(store, path) == [1, 2]
     assert store._delta_log is False  # not tried again
+
+
+# --------------------------------------------------------------------------- rows on the driver
+
+
+@pytest.fixture
+def files(monkeypatch) -> list[int | None]:
+    """What each append of rows on the driver got from the transaction that adds a file written
+    here (``None``: the table takes no such file)."""
+    found: list[int | None] = []
+    real = delta_txn.append_file
+
+    def spy(*args, **kwargs):
+        found.append(real(*args, **kwargs))
+        return found[-1]
+
+    monkeypatch.setattr(delta_txn, "append_file", spy)
+    return found
+
+
+NULLABLE_KV = StructType([StructField(f.name, f.dataType, True) for f in KV.fields])
+
+
+def _driver_rows(spark, data: list[tuple], schema: StructType = KV):
+    rows = [dict(zip(schema.names, row, strict=True)) for row in data]
+    return from_arrow(spark, schema, pa.Table.from_pylist(rows, arrow_schema(schema)))
+
+
+def _data_files(path: str) -> set[str]:
+    return {name for name in os.listdir(path) if name.endswith(".parquet")}
+
+
+def test_rows_on_the_driver_are_one_file_written_here_with_delta_s_statistics_and_no_spark_job(
+    store, spark, tmp_path, files, transactions
+):
+    path = str(tmp_path / "t")
+    seen = _table(store, spark, path)
+    jobs = SparkJobs(spark)
+    with jobs.group("append") as count:
+        written = store.append(
+            path, _driver_rows(spark, [(2, "b"), (3, None)]), expected_version=seen, note="run 7"
+        )
+        store.append(path, _driver_rows(spark, [(4, "d")]), note="ingest log")
+        assert count() == 0
+    assert files == [seen + 1, seen + 2] and transactions == []
+    assert (written.version, written.rows_inserted, written.files_added) == (seen + 1, 2, 1)
+    newest, guarded = store.history(path, 2)
+    assert newest["userMetadata"] == "ingest log" and guarded["userMetadata"].startswith("run 7:")
+    assert guarded["operation"] == "WRITE" and guarded["operationMetrics"]["numOutputRows"] == 2
+    assert _ids(store, path) == [1, 2, 3, 4]
+    # Delta skips files on the statistics the file was added with: ids 1, 2-3 and 4
+    table = spark.read.format("delta").load(path)
+    assert [len(table.where(f"id = {n}").inputFiles()) for n in (1, 3, 4, 9)] == [1, 1, 1, 0]
+
+
+def test_a_driver_append_whose_check_passed_before_another_commit_does_not_land(
+    store, spark, tmp_path, files, monkeypatch
+):
+    path = str(tmp_path / "t")
+    seen = _table(store, spark, path)
+    store.append(path, _driver_rows(spark, [(2, "winner")]), expected_version=seen)
+    before = _data_files(path)
+    monkeypatch.setattr(DeltaSparkStorage, "_check_version", lambda *_: None)
+    with pytest.raises(ConcurrentRunError, match="moved past version"):
+        store.append(path, _driver_rows(spark, [(3, "late")]), expected_version=seen)
+    assert _ids(store, path) == [1, 2] and store.version(path) == seen + 1
+    assert _data_files(path) == before  # refused before it wrote a file
+
+
+def test_tables_that_take_no_such_file_and_nulls_in_not_null_columns_take_spark_s_writer(
+    store, spark, tmp_path, files
+):
+    path = str(tmp_path / "t")
+    seen = _table(store, spark, path)
+    with pytest.raises(StorageError):  # Delta's writer refuses the null, as it did before
+        store.append(path, _driver_rows(spark, [(None, "no id")], NULLABLE_KV), expected_version=seen)
+    store.set_properties(path, {"delta.enableRowTracking": "true"})
+    at = store.version(path)
+    store.append(path, _driver_rows(spark, [(2, "tracked")]), expected_version=at)
+    assert files == [None, None]
+    assert _ids(store, path) == [1, 2] and store.version(path) == at + 1
