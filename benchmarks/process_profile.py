@@ -46,7 +46,7 @@ from cdc_join.run.pipeline import Pipeline
 config = load_config(sys.argv[1])
 mark("config")
 extra = dict(kv.split("=", 1) for kv in filter(None, sys.argv[4].split(",")))
-spark = get_spark(extra, quiet=True, storage=sys.argv[2])
+spark = get_spark(extra_conf=extra, quiet=True, storage=sys.argv[2])
 mark("spark session")
 storage = get_storage(spark, sys.argv[2])
 mark("storage")
