@@ -80,3 +80,9 @@ class ConcurrentRunError(CdcJoinError):
 
 class VerifyError(CdcJoinError):
     """Silver differs from a full recompute of the join."""
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type's name when it has none)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

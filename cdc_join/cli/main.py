@@ -25,7 +25,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from cdc_join import __version__
-from cdc_join.errors import CdcJoinError, ConcurrentRunError, ConfigError, ConfigErrors, InputError
+from cdc_join.errors import (
+    CdcJoinError,
+    ConcurrentRunError,
+    ConfigError,
+    ConfigErrors,
+    InputError,
+    first_line,
+)
 from cdc_join.run.cost import PLANS
 
 OK, DIFFERENCES, CONFIG_ERROR, DATA_PROBLEM, BUSY, FAILURE = 0, 1, 2, 3, 4, 5
@@ -177,16 +184,11 @@ class _Printer:
     def error(self, e: BaseException, code: int, hint: str, *, internal: bool = False) -> int:
         if self.args.debug:
             traceback.print_exception(e, file=sys.stderr)
-        what = f"{type(e).__name__}: {_first_line(e)}" if internal else _first_line(e)
+        what = f"{type(e).__name__}: {first_line(e)}" if internal else first_line(e)
         if isinstance(e, ConfigErrors):  # every mistake, one per line, indented under the first
             what = str(e).replace("\n  ", "\n    ")
         print(f"cdc-join: error: {what}\n  next: {hint}", file=sys.stderr)
         return code
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
 
 
 def open_pipeline(args: argparse.Namespace, progress: Callable[[str], None] | None = None):  # type: ignore[no-untyped-def]

@@ -99,7 +99,7 @@ from pyspark.sql.types import (
 )
 
 from cdc_join.changeset import ChangeSet, Rows, arrow_schema, frame_of, to_arrow
-from cdc_join.errors import ConcurrentRunError, StorageError
+from cdc_join.errors import ConcurrentRunError, StorageError, first_line
 from cdc_join.locations import glob_escape, has_scheme, is_table_name, local_path, quote_table_name
 from cdc_join.schemas import changed_types, conform, merge_schemas, quote, widens_to
 from cdc_join.storage import delta_txn, keyed
@@ -213,8 +213,7 @@ def _spark_errors(action: str, path: str) -> Iterator[None]:
     except (StorageError, ConcurrentRunError):
         raise
     except _spark_exception_types() as exc:
-        text = str(exc).strip()
-        first = text.splitlines()[0] if text else type(exc).__name__
+        first = first_line(exc)
         if is_conflict(exc):
             raise ConcurrentRunError(
                 f"could not {action} the Delta table at {path}: another writer committed first ({first})"
@@ -639,7 +638,7 @@ class DeltaSparkStorage:
         except _spark_exception_types() as exc:
             if _NOT_A_TABLE.search(str(exc)[:2000]):
                 return False
-            raise StorageError(f"Delta (Spark) could not probe {path}: {_first_line(exc)}") from exc
+            raise StorageError(f"Delta (Spark) could not probe {path}: {first_line(exc)}") from exc
         return True
 
     def create(
@@ -829,7 +828,12 @@ class DeltaSparkStorage:
         if option is not None and option[0] != "replaceWhere":
             self._enable_features(path, df.schema)
         guard = _Guard.of(expected_version, note)
-        if guard is not None and mode == "append" and option is None and self._appends_in_jvm(path, df):
+        if (
+            guard is not None
+            and mode == "append"
+            and option is None
+            and self._appends_in_jvm(path, df.schema)
+        ):
             try:
                 with _spark_errors("append to", path):
                     location = self._location(path)
@@ -856,7 +860,7 @@ class DeltaSparkStorage:
         self._forget(path)
         return self._metrics(path, self._commit_of(path, guard), mode)
 
-    def _appends_in_jvm(self, path: str, df: DataFrame | StructType) -> bool:
+    def _appends_in_jvm(self, path: str, schema: StructType) -> bool:
         """Whether a guarded append to ``path`` can be one transaction of Delta's own API
         (:mod:`cdc_join.storage.delta_txn`): a path table of this session's open-source Delta,
         and rows with exactly the table's columns and types."""
@@ -864,7 +868,6 @@ class DeltaSparkStorage:
             self._delta_log = delta_txn.delta_log_class(self.spark) is not None
         if not self._delta_log or is_table_name(path) or not self.exists(path):
             return False
-        schema = df if isinstance(df, StructType) else df.schema
         return delta_txn.same_columns(schema, self._stored_schema(path))
 
     def _append_file(
@@ -1090,7 +1093,7 @@ class DeltaSparkStorage:
                 column = ".".join(quote(p) for p in parts)
                 self.spark.sql(f"ALTER TABLE {ref} ALTER COLUMN {column} TYPE {_ddl_type(dtype)}")
         except _spark_exception_types() as exc:
-            _log.info("Delta cannot widen %s in place (%s); the table is rewritten", path, _first_line(exc))
+            _log.info("Delta cannot widen %s in place (%s); the table is rewritten", path, first_line(exc))
             return False
         finally:
             self._forget(path)
@@ -1645,11 +1648,6 @@ def _few_files(rows: Rows) -> DataFrame:
     if isinstance(rows, ChangeSet):
         return rows.frame.coalesce(1)
     return rows
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 _NON_EMPTY = re.compile(r"DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION|is not empty and also not a Delta table")

@@ -46,7 +46,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
-from cdc_join.errors import ConcurrentRunError
+from cdc_join.errors import ConcurrentRunError, first_line
 from cdc_join.storage import arrow_files
 
 
@@ -96,7 +96,7 @@ def append_at(
         now = jvm.scala.Some(int(time.time() * 1000))
         actions.add(delta.actions.SetTransaction(app_id, expected + 1, now))
     except _py4j_error() as exc:
-        raise Unsupported(_first_line(exc)) from exc
+        raise Unsupported(first_line(exc)) from exc
     txn = _started_at(spark, delta, location, expected)
     written = txn.writeFiles(rows._jdf).iterator()
     while written.hasNext():
@@ -133,7 +133,7 @@ def append_file(
         metadata = json.loads(txn.metadata().json())["metaData"]
         protocol = json.loads(txn.protocol().json())["protocol"]
     except _py4j_error() as exc:
-        raise Unsupported(_first_line(exc)) from exc
+        raise Unsupported(first_line(exc)) from exc
     schema = json.loads(metadata.get("schemaString") or "{}")
     if arrow_files.refused(protocol, metadata) or arrow_files.nulls_where_refused(table, schema):
         return None
@@ -159,7 +159,7 @@ def _api(jvm: Any, note: str | None) -> tuple[Any, Any]:
             jvm.org.apache.spark.sql.SaveMode.Append, none, none, metadata, *[none] * 5
         )
     except _py4j_error() as exc:
-        raise Unsupported(_first_line(exc)) from exc
+        raise Unsupported(first_line(exc)) from exc
     return delta, write
 
 
@@ -200,8 +200,3 @@ def _py4j_error() -> type[Exception]:
     from py4j.protocol import Py4JError  # not in a Spark Connect client's install
 
     return Py4JError
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

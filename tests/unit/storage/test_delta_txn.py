@@ -30,18 +30,23 @@ def store(spark) -> DeltaSparkStorage:
     return DeltaSparkStorage(spark)
 
 
+def _spy(monkeypatch, name: str) -> list:
+    """What each call of ``delta_txn.<name>`` returned, in order."""
+    returned: list = []
+    real = getattr(delta_txn, name)
+
+    def spy(*args, **kwargs):
+        returned.append(real(*args, **kwargs))
+        return returned[-1]
+
+    monkeypatch.setattr(delta_txn, name, spy)
+    return returned
+
+
 @pytest.fixture
 def transactions(monkeypatch) -> list[int]:
     """The versions each guarded append committed through Delta's own transaction."""
-    committed: list[int] = []
-    real = delta_txn.append_at
-
-    def spy(*args, **kwargs):
-        committed.append(real(*args, **kwargs))
-        return committed[-1]
-
-    monkeypatch.setattr(delta_txn, "append_at", spy)
-    return committed
+    return _spy(monkeypatch, "append_at")
 
 
 def _table(store: DeltaSparkStorage, spark, path: str) -> int:
@@ -165,15 +170,7 @@ def test_where_the_transaction_is_unsupported_the_data_frame_writer_appends(
 def files(monkeypatch) -> list[int | None]:
     """What each append of rows on the driver got from the transaction that adds a file written
     here (``None``: the table takes no such file)."""
-    found: list[int | None] = []
-    real = delta_txn.append_file
-
-    def spy(*args, **kwargs):
-        found.append(real(*args, **kwargs))
-        return found[-1]
-
-    monkeypatch.setattr(delta_txn, "append_file", spy)
-    return found
+    return _spy(monkeypatch, "append_file")
 
 
 NULLABLE_KV = StructType([StructField(f.name, f.dataType, True) for f in KV.fields])
