@@ -5,9 +5,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 import tempfile
 import warnings
 from collections.abc import Iterator
+from typing import cast
 
 from pyspark.sql import SparkSession
 
@@ -240,13 +242,38 @@ def _start(builder: SparkSession.Builder, conf: dict[str, str], quiet: bool) -> 
             # A local Connect server starts with every setting; the client then also tries to
             # set each on its session, and warns for those only a start can set (the jars).
             warnings.filterwarnings("ignore", message="Failed to set spark\\.", category=UserWarning)
-            return builder.getOrCreate()
+            remote = os.environ.get(REMOTE_ENV)
+            served = _serve_locally(builder, remote) if remote and not remote.startswith("sc://") else None
+            return served or builder.getOrCreate()
     except Exception as exc:
         if "spark.jars.packages" not in conf or "JAVA_GATEWAY_EXITED" not in str(exc):
             raise
         raise StorageError(
             delta_jars.failure_hint(conf["spark.jars.packages"], JVM_LOG if quiet else None)
         ) from exc
+
+
+def _serve_locally(builder: SparkSession.Builder, master: str) -> SparkSession | None:
+    """A Spark Connect session on a local server (``master``: ``local[N]``) started in this
+    process, on a port of its own, with the builder's settings. PySpark's own
+    ``remote("local[N]")`` binds port 15002 in every process: a second process doing the same
+    at once failed to start (the port was taken). ``None`` (start it PySpark's way) when PySpark
+    lacks the entry point."""
+    try:
+        from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+        serve = ConnectSession._start_connect_server
+    except (ImportError, AttributeError):
+        return None
+    with socket.socket() as probe:  # a port nothing listens on now
+        probe.bind(("localhost", 0))
+        port = probe.getsockname()[1]
+    options = {k: v for k, v in builder._options.items() if k != "spark.remote"}
+    serve(master, {**options, "spark.connect.grpc.binding.port": str(port)})
+    os.environ["SPARK_LOCAL_REMOTE"] = "1"  # as PySpark marks it: stopping the client stops it
+    os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
+    client = ConnectSession.builder.remote(f"sc://localhost:{port}")
+    return cast(SparkSession, client.config(map=options).getOrCreate())
 
 
 #: PySpark's loggers that print every analysis error as JSON with its Java stack trace when the

@@ -133,3 +133,36 @@ def test_a_session_started_here_runs_its_jvm_in_utc_on_a_machine_in_another_zone
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["UTC", "UTC", "False"]
+
+
+@pytest.mark.deep
+def test_two_processes_with_a_local_connect_server_at_once_each_reach_their_own(tmp_path):
+    # PySpark's remote("local[N]") binds port 15002 in every process: the second of two runs
+    # started at once (two pipelines on one machine, two test workers) failed to start.
+    script = textwrap.dedent(
+        """
+        import time
+        from pyspark.sql import SparkSession
+        from cdc_join.session import get_spark
+        spark = get_spark("two", quiet=True)
+        own = SparkSession._instantiatedSession  # the local server's own session
+        time.sleep(5)  # both servers are up before either stops
+        print(spark.range(3).count(), spark.conf.get("spark.app.id") == own.sparkContext.applicationId)
+        """
+    )
+    env = {**os.environ, session.REMOTE_ENV: "local[1]", "CDC_JOIN_STORAGE": "delta-rs"}
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", script],
+            env=env,
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    found = [child.communicate(timeout=600) for child in children]
+    for child, (out, err) in zip(children, found, strict=True):
+        assert child.returncode == 0, err[-2000:]
+        assert out.split() == ["3", "True"], (out, err[-2000:])
