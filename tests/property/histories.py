@@ -1,14 +1,40 @@
-"""What the chain and nested-children property tests share: events as dicts, landing them,
-the current rows they imply, and runs that are killed part-way sometimes."""
+"""What the property tests share: events as dicts, landing them, the current rows they imply,
+runs that are killed part-way sometimes, and the shares their examples are drawn in."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import pytest
+
 from cdc_join.report import SimulatedCrash
+
+#: Each property test runs as this many tests (``CDC_JOIN_PROPERTY_SHARES``, default 1), each
+#: drawing :func:`examples_per_share` examples of its own: under pytest-xdist the workers then
+#: share a property test's examples instead of one worker drawing them all while the other
+#: waits (CI runs 2 shares on 2 workers).
+SHARES = int(os.environ.get("CDC_JOIN_PROPERTY_SHARES", "1"))
+
+#: A property test's ``share`` parameter: which of the :data:`SHARES` it is (``1of2``, ...).
+shares = pytest.mark.parametrize("share", range(1, SHARES + 1), ids=lambda n: f"{n}of{SHARES}")
+
+
+def examples_per_share(examples: int) -> int:
+    """The examples each share draws for ``examples`` in all: rounded up, so that the shares
+    together never draw fewer."""
+    return -(-examples // SHARES)
+
+
+def drawn_by_the_first_share(share: int, seed: int, batches: int, payload_only: set) -> bool:
+    """Whether share ``share`` (of :data:`SHARES`) drew the example every share draws first:
+    Hypothesis starts each test with its simplest example (seed 0, the fewest batches, no
+    payload-only table, ...), so the shares after the first reject it (``assume``, which does not
+    count as an example) rather than run it again."""
+    return share > 1 and seed == 0 and batches == 2 and not payload_only
 
 
 def change(table: str, op: str, key: Any, row: dict | None, lsn: int) -> dict:

@@ -44,11 +44,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, Phase, event, given, settings
+from hypothesis import HealthCheck, Phase, assume, event, given, settings
 from hypothesis import strategies as st
 
 from cdc_join.join.state import current_rows as current_rows_of
-from tests.property.histories import run_with_crashes
+from tests.property.histories import drawn_by_the_first_share, examples_per_share, run_with_crashes, shares
 from tests.support import SEQUENCE_BY_LSN, make_pipeline, subscriptions
 
 # Examples, rounds or step boundaries set by CDC_JOIN_* variables: CI runs them deeper (-m depth).
@@ -324,8 +324,9 @@ def silver(pipeline) -> set[tuple]:
 # -- the property --------------------------------------------------------------------------
 
 
+@shares
 @settings(
-    max_examples=EXAMPLES,
+    max_examples=examples_per_share(EXAMPLES),
     phases=PHASES,
     deadline=None,
     suppress_health_check=[
@@ -344,8 +345,9 @@ def silver(pipeline) -> set[tuple]:
     rule=st.sampled_from(RULES),
 )
 def test_silver_equals_oracle_after_every_completed_run(
-    spark, storage, ops, join_types, payload_only, batches, seed, plans, rule
+    spark, storage, share, ops, join_types, payload_only, batches, seed, plans, rule
 ):
+    assume(not drawn_by_the_first_share(share, seed, batches, payload_only))
     rng = random.Random(seed)
     root = Path(tempfile.mkdtemp(prefix="cdc_join_property_"))
     pipeline, writer = make_pipeline(
