@@ -28,8 +28,9 @@ left. The generators draw what real data has:
 The oracle recomputes, in plain Python from the delivered events, each source's current rows
 (compared with its state table: a wrong newest event shows there even when no silver row
 carries that row) and their join (compared with silver). Examples:
-``CDC_JOIN_PROPERTY_EXAMPLES`` (default 3; CI runs 4 on delta-rs and 3 on delta-spark over
-Spark Connect), or ``CDC_JOIN_PROPERTY_PROFILE=slow`` for 300 with shrinking.
+``CDC_JOIN_PROPERTY_EXAMPLES`` (default 3; CI runs 6 on delta-rs, 3 over Spark Connect on
+delta-rs and 4 on delta-spark), or ``CDC_JOIN_PROPERTY_PROFILE=slow`` for 300 with shrinking;
+``CDC_JOIN_PROPERTY_SHARES`` splits them between tests (``tests/property/histories.py``).
 """
 
 from __future__ import annotations

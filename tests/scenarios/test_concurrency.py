@@ -6,7 +6,7 @@ nothing at all, see cdc_join.run.idle); every run either commits or stops with
 ConcurrentRunError, run ids never repeat, and silver always equals the join of the current rows.
 Both runs read where they start before either goes on, so their work overlaps: exactly one of
 two runs commits; of a run and a full refresh at most one does.
-``CDC_JOIN_RACE_ROUNDS`` rounds (default 3, one of each kind; CI runs 12 on delta-rs and 6 on delta-spark)."""
+``CDC_JOIN_RACE_ROUNDS`` rounds (default 3, one of each kind; CI runs 24 on delta-rs and 6 on delta-spark)."""
 
 from __future__ import annotations
 
