@@ -383,6 +383,12 @@ def build_parser() -> argparse.ArgumentParser:
         "rows deleted, else a MERGE), merge (always the MERGE: silver's write before 2026-12-06)",
     )
     parser.add_argument(
+        "--conf",
+        default="",
+        help="Spark settings for the session, key=value,... (e.g. code generation off; the "
+        "full-refresh baseline runs in the same session, so compare incremental runs only)",
+    )
+    parser.add_argument(
         "--rf3a-customers",
         type=int,
         default=100,
@@ -407,6 +413,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "spark.driver.memory": "8g",
             "spark.driver.maxResultSize": "6g",
             "spark.sql.sources.parallelPartitionDiscovery.threshold": "100000",
+            **dict(item.split("=", 1) for item in args.conf.split(",") if "=" in item),
         },
         storage=args.storage,
     )
