@@ -8,7 +8,7 @@ import os
 import socket
 import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import cast
 
 from pyspark.sql import SparkSession
@@ -45,6 +45,21 @@ LOCAL_DEFAULTS = {
     "spark.databricks.delta.snapshotPartitions": "2",
 }
 
+#: New landing bytes up to which a run counts as small work (:func:`get_spark`'s ``small``).
+SMALL_WORK_BYTES = 4 * 1024 * 1024
+#: The Java option of a JVM started for small work: its JIT compiles with C1 only. A new
+#: process running a small batch spends its seconds in code the JVM has not compiled yet, and
+#: C2's compilations take one of the two cores from it; C1 code is slower, which pays only for
+#: long work. Measured (2026-12-07, a new `cdc-join run` process on delta-spark, 10 changed rows,
+#: interleaved, 3 each): 23.1-24.1 s -> 19.2-19.5 s (one of 28.2 s); in one warm test session of
+#: many small runs it cost 25% (93 s -> 117 s), so only a JVM started for small work gets it.
+SMALL_WORK_JAVA_OPTION = "-XX:TieredStopAtLevel=1"
+#: Spark's settings for small work, unless the caller sets them: no generated code (Spark's
+#: interpreted expressions), which a small batch runs faster than Janino compiles the code it
+#: would generate. Measured as above, with C1 only on both sides: 18.0-18.4 s -> 16.1-16.4 s;
+#: at SF 1 with 1,500 changed rows in a warm session it cost 15% (benchmarks/README.md).
+SMALL_WORK_CONF = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
+
 
 def get_spark(
     app_name: str = "cdc_join",
@@ -52,6 +67,7 @@ def get_spark(
     *,
     quiet: bool = False,
     storage: str | None = None,
+    small: bool = False,
 ) -> SparkSession:
     """Return the active SparkSession, or start one with small-machine defaults.
 
@@ -64,7 +80,9 @@ def get_spark(
     Delta jars (fetched once into Spark's Ivy cache, see :mod:`cdc_join.storage.delta_jars`) and
     Delta's SQL extension and catalog. With ``quiet`` a JVM started here writes its own output
     (log4j start-up lines, JDK warnings) to :data:`JVM_LOG` instead of the terminal; errors
-    still reach Python as exceptions.
+    still reach Python as exceptions. With ``small`` the session is for small work (a run of a
+    few megabytes of new events): a JVM started here compiles with C1 only
+    (:data:`SMALL_WORK_JAVA_OPTION`) and Spark generates no code (:data:`SMALL_WORK_CONF`).
 
     Raises:
         StorageError: the Delta jars could not be had (the message names ``--storage delta-rs``).
@@ -78,11 +96,11 @@ def get_spark(
     remote = os.environ.get(REMOTE_ENV)
     if remote and remote.startswith("sc://"):
         check_reachable(remote)
-    conf = _local_conf(remote, extra_conf, storage)
+    conf = _local_conf(remote, extra_conf, storage, small)
     if delta_jars.resolves(extra_conf or {}, conf):
         # Ivy's cache takes one resolution at a time; whoever waited finds the jars resolved.
         with delta_jars.resolution_lock():
-            conf = _local_conf(remote, extra_conf, storage)
+            conf = _local_conf(remote, extra_conf, storage, small)
             spark = _start(_builder(app_name, remote, conf), conf, quiet)
             if "spark.jars.packages" in conf:
                 delta_jars.remember(conf["spark.jars.packages"], _resolved_jars(spark))
@@ -106,6 +124,10 @@ class DeferredSession:
     ) -> None:
         self._args = (app_name, quiet, storage)
         self._session: SparkSession | None = SparkSession.getActiveSession()
+        self.work_bytes: Callable[[], int | None] | None = None
+        """Asked as the session starts: the bytes of work it is started for (a run's new
+        landing files), ``None`` when unknown; up to :data:`SMALL_WORK_BYTES` the session is
+        started for small work (:func:`get_spark`)."""
 
     @property
     def started(self) -> bool:
@@ -115,7 +137,9 @@ class DeferredSession:
         """The session, started now if it was not."""
         if self._session is None:
             app_name, quiet, storage = self._args
-            self._session = get_spark(app_name, quiet=quiet, storage=storage)
+            work = self.work_bytes() if self.work_bytes is not None else None
+            small = work is not None and work <= SMALL_WORK_BYTES
+            self._session = get_spark(app_name, quiet=quiet, storage=storage, small=small)
         return self._session
 
     def delta_configured(self) -> bool | None:
@@ -134,7 +158,7 @@ class DeferredSession:
         return _wants_delta(self._args[2])
 
     def __getattr__(self, name: str) -> object:
-        if name in ("_args", "_session"):  # not set yet (a copy being made)
+        if name in ("_args", "_session", "work_bytes"):  # not set yet (a copy being made)
             raise AttributeError(name)
         return getattr(self.session(), name)
 
@@ -215,14 +239,20 @@ def check_reachable(remote: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
         channel.close()
 
 
-def _local_conf(remote: str | None, extra_conf: dict[str, str] | None, storage: str | None) -> dict[str, str]:
+def _local_conf(
+    remote: str | None, extra_conf: dict[str, str] | None, storage: str | None, small: bool = False
+) -> dict[str, str]:
     """The settings of a session, or of a local Connect server (``local[N]``), started here:
     the server is started in this process with every one of them, those only a start can set
-    (driver memory, Java options, the UI) too. None for a remote Connect server, which has its
-    own."""
+    (driver memory, Java options, the UI) too; for ``small`` work the JIT option and
+    :data:`SMALL_WORK_CONF`. None for a
+    remote Connect server, which has its own."""
     if remote and remote.startswith("sc://"):
         return {}
-    conf = {**LOCAL_DEFAULTS, **(extra_conf or {})}
+    conf = {**LOCAL_DEFAULTS, **(SMALL_WORK_CONF if small else {}), **(extra_conf or {})}
+    if small:
+        options = conf.get("spark.driver.defaultJavaOptions", "")
+        conf["spark.driver.defaultJavaOptions"] = f"{options} {SMALL_WORK_JAVA_OPTION}".strip()
     if _wants_delta(storage):
         conf.update(delta_jars.session_conf(conf))
     return conf

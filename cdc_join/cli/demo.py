@@ -123,7 +123,8 @@ def prepare(folder: Path, *, quiet: bool = False, storage: str | None = None) ->
     (folder / "pipeline.yml").write_text(yaml.safe_dump(PIPELINE, sort_keys=False))
     writer = EventWriter(folder / "landing", TABLES)
     write_snapshot(writer)
-    spark = get_spark("cdc_join-demo", quiet=quiet, storage=storage)
+    # The demo's batches are a few dozen events: small work (cdc_join.session.SMALL_WORK_BYTES).
+    spark = get_spark("cdc_join-demo", quiet=quiet, storage=storage, small=True)
     return Pipeline(load_config(folder / "pipeline.yml"), spark, get_storage(spark, storage))
 
 

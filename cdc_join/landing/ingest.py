@@ -246,14 +246,8 @@ def nothing_landed(storage: Storage, config: PipelineConfig) -> dict[str, Ingest
     report (no files, the same warnings); ``None`` otherwise, and where it cannot tell."""
     started = time.monotonic()
     found = list_local_folders(config, _listing_since(storage, config))
-    if found is None:
+    if found is None or _unlogged(storage, config, found):
         return None
-    listed = {name: landing_files(files) for name, files in found.items()}
-    done = logged_files(storage, config, listed)
-    for name, files in listed.items():
-        logged = done.get(name, {})
-        if any(f.name not in logged or _change(f, logged[f.name]) for f in files):
-            return None
     seconds = time.monotonic() - started
     return {
         name: IngestReport(
@@ -265,6 +259,31 @@ def nothing_landed(storage: Storage, config: PipelineConfig) -> dict[str, Ingest
         )
         for name, files in found.items()
     }
+
+
+def landed_bytes(storage: Storage, config: PipelineConfig) -> int | None:
+    """Without Spark, where every landing folder is local: the bytes of the files an ingest
+    would read now (those the ingest log does not name, or that changed since); ``None`` where
+    it cannot tell. A session started for a run asks it
+    (:attr:`cdc_join.session.DeferredSession.work_bytes`)."""
+    found = list_local_folders(config, _listing_since(storage, config))
+    if found is None:
+        return None
+    return sum(f.size for f in _unlogged(storage, config, found))
+
+
+def _unlogged(
+    storage: Storage, config: PipelineConfig, found: Mapping[str, Sequence[LandedFile] | None]
+) -> list[LandedFile]:
+    """The listed landing files the ingest log does not name, or that changed since."""
+    listed = {name: landing_files(files) for name, files in found.items()}
+    done = logged_files(storage, config, listed)
+    return [
+        f
+        for name, files in listed.items()
+        for f in files
+        if f.name not in done.get(name, {}) or _change(f, done[name][f.name])
+    ]
 
 
 def ingest_source(

@@ -25,7 +25,7 @@ from cdc_join.checks import verify
 from cdc_join.config import PipelineConfig, check_addressing
 from cdc_join.join import apply, increment, rebuild, resolve
 from cdc_join.landing import bronze
-from cdc_join.landing.ingest import ingest_all
+from cdc_join.landing.ingest import ingest_all, landed_bytes
 from cdc_join.report import RunReport, SparkJobs
 from cdc_join.run import cost, idle, runlog
 from cdc_join.run import paths as run_paths
@@ -90,6 +90,9 @@ class Pipeline:
                 report = self._idle(begin, ingest, crash_after)
                 if report is not None:
                     return report
+            if ingest and kind == "incremental" and isinstance(self.spark, DeferredSession):
+                # A session not started yet starts for the landing files this run reads.
+                self.spark.work_bytes = functools.partial(landed_bytes, self.storage, self.config)
             # Every write on state, subscriptions and silver names the version this run read.
             store = Fenced(self.storage, begin.tables, commits.run_note())
             report = RunReport(begin.checkpoint.run_id + 1, kind, crash_after, self.progress)

@@ -16,9 +16,10 @@ import yaml
 from cdc_join.checkpoint import last_checkpoint
 from cdc_join.config import load_config
 from cdc_join.errors import InputError
-from cdc_join.landing.ingest import ingest_all
+from cdc_join.landing.ingest import ingest_all, landed_bytes
 from cdc_join.report import SimulatedCrash
 from cdc_join.run.pipeline import Pipeline
+from cdc_join.session import DeferredSession
 from tests.support import make_pipeline, silver_rows
 
 _NO_SPARK = textwrap.dedent(
@@ -53,6 +54,7 @@ def test_a_run_with_nothing_to_do_writes_nothing_and_starts_no_spark(tmp_path, s
     (tmp_path / "landing" / "lhs" / "notes.txt").write_text("not events")  # said in a warning
     lake = tmp_path / "lake"
     before = _lake_files(lake)
+    before_landing = list((tmp_path / "landing" / "lhs").rglob("*.json*"))
     config = str(pipeline.config.config_path)
     found = subprocess.run(
         [sys.executable, "-c", _NO_SPARK, "--storage", storage.name, "run", config],
@@ -73,8 +75,14 @@ def test_a_run_with_nothing_to_do_writes_nothing_and_starts_no_spark(tmp_path, s
     counts = {"files": 0, "events": 0, "quarantined": 0, "unread_files": 1}
     assert report.to_dict()["steps"]["ingest"]["lhs"] == counts
     assert _lake_files(lake) == before
+    assert landed_bytes(storage, pipeline.config) == 0
     w.write("lhs", [w.upsert("lhs", {"id": "c", "fk": 1, "v": 0}, 9)])
-    assert pipeline.run().idle is None
+    (landed,) = set((tmp_path / "landing" / "lhs").rglob("*.json*")) - set(before_landing)
+    assert landed_bytes(storage, pipeline.config) == landed.stat().st_size
+    # A session not started yet is told the bytes of the run it starts for (small work).
+    deferred = DeferredSession()
+    report = Pipeline(pipeline.config, deferred, storage).run()
+    assert report.idle is None and deferred.work_bytes is not None and deferred.work_bytes() == 0
     assert ("c", 1, 0, "one") in silver_rows(pipeline)
     assert last_checkpoint(storage, pipeline.config).run_id == 2
 

@@ -26,6 +26,30 @@ def test_a_local_connect_server_gets_every_local_setting():
     assert session._local_conf("sc://host:15002", None, "delta-spark") == {}  # a server of its own
 
 
+def test_a_jvm_started_for_small_work_compiles_with_c1_only(monkeypatch):
+    small = session._local_conf(None, None, "delta-rs", small=True)["spark.driver.defaultJavaOptions"]
+    assert session.SMALL_WORK_JAVA_OPTION in small and "-XX:-DontCompileHugeMethods" in small
+    assert (
+        session.SMALL_WORK_JAVA_OPTION
+        not in session._local_conf(None, None, "delta-rs")["spark.driver.defaultJavaOptions"]
+    )
+    # No generated code for small work, unless the caller says otherwise.
+    assert session._local_conf(None, None, "delta-rs", small=True)["spark.sql.codegen.wholeStage"] == "false"
+    assert "spark.sql.codegen.wholeStage" not in session._local_conf(None, None, "delta-rs")
+    mine = {"spark.sql.codegen.wholeStage": "true"}
+    assert session._local_conf(None, mine, "delta-rs", small=True)["spark.sql.codegen.wholeStage"] == "true"
+    # A deferred session asks the bytes of the work it starts for: small up to SMALL_WORK_BYTES.
+    started = []
+    monkeypatch.setattr(session, "get_spark", lambda *args, **kwargs: started.append(kwargs["small"]))
+    monkeypatch.setattr(session.SparkSession, "getActiveSession", staticmethod(lambda: None))
+    for work in (None, 0, session.SMALL_WORK_BYTES, session.SMALL_WORK_BYTES + 1, "unasked"):
+        deferred = session.DeferredSession()
+        if work != "unasked":
+            deferred.work_bytes = lambda work=work: work
+        deferred.session()
+    assert started == [False, True, True, False, False]
+
+
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     """An Ivy cache of its own, holding one resolved jar."""
