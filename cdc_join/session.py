@@ -137,7 +137,15 @@ class DeferredSession:
         """The session, started now if it was not."""
         if self._session is None:
             app_name, quiet, storage = self._args
-            work = self.work_bytes() if self.work_bytes is not None else None
+            # Asked once; a question that itself needs the session (a lake Spark reads) finds
+            # none to ask and starts it for work of unknown size.
+            ask, self.work_bytes = self.work_bytes, None
+            try:
+                work = ask() if ask is not None else None
+            except Exception:  # the run's own reads report what is wrong, with their context
+                work = None
+            if self._session is not None:  # started while asking
+                return self._session
             small = work is not None and work <= SMALL_WORK_BYTES
             self._session = get_spark(app_name, quiet=quiet, storage=storage, small=small)
         return self._session

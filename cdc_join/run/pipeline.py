@@ -83,6 +83,9 @@ class Pipeline:
         return dataclasses.replace(again, repaired=again.ok)
 
     def _run(self, kind: str, ingest: bool, crash_after: str | None, plan: str) -> RunReport:
+        if ingest and kind == "incremental" and isinstance(self.spark, DeferredSession):
+            # A session not started yet starts for the landing files this run reads.
+            self.spark.work_bytes = functools.partial(landed_bytes, self.storage, self.config)
         with run_lock(self.config):
             started = datetime.now(timezone.utc)
             begin = runlog.start(self.storage, self.config)
@@ -90,9 +93,6 @@ class Pipeline:
                 report = self._idle(begin, ingest, crash_after)
                 if report is not None:
                     return report
-            if ingest and kind == "incremental" and isinstance(self.spark, DeferredSession):
-                # A session not started yet starts for the landing files this run reads.
-                self.spark.work_bytes = functools.partial(landed_bytes, self.storage, self.config)
             # Every write on state, subscriptions and silver names the version this run read.
             store = Fenced(self.storage, begin.tables, commits.run_note())
             report = RunReport(begin.checkpoint.run_id + 1, kind, crash_after, self.progress)

@@ -40,7 +40,7 @@ def test_a_jvm_started_for_small_work_compiles_with_c1_only(monkeypatch):
     assert session._local_conf(None, mine, "delta-rs", small=True)["spark.sql.codegen.wholeStage"] == "true"
     # A deferred session asks the bytes of the work it starts for: small up to SMALL_WORK_BYTES.
     started = []
-    monkeypatch.setattr(session, "get_spark", lambda *args, **kwargs: started.append(kwargs["small"]))
+    monkeypatch.setattr(session, "get_spark", lambda *_, **kw: started.append(kw["small"]) or object())
     monkeypatch.setattr(session.SparkSession, "getActiveSession", staticmethod(lambda: None))
     for work in (None, 0, session.SMALL_WORK_BYTES, session.SMALL_WORK_BYTES + 1, "unasked"):
         deferred = session.DeferredSession()
@@ -48,6 +48,11 @@ def test_a_jvm_started_for_small_work_compiles_with_c1_only(monkeypatch):
             deferred.work_bytes = lambda work=work: work
         deferred.session()
     assert started == [False, True, True, False, False]
+    # A question that needs the session itself (a lake only Spark reads) starts it once, not small.
+    deferred = session.DeferredSession()
+    deferred.work_bytes = lambda: deferred.session() and 0
+    assert deferred.session() is deferred.session()
+    assert started == [False, True, True, False, False, False]
 
 
 @pytest.fixture
