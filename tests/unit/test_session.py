@@ -49,9 +49,10 @@ def test_a_jvm_started_for_small_work_compiles_with_c1_only(monkeypatch):
         deferred.session()
     assert started == [False, True, True, False, False]
     # A question that needs the session itself (a lake only Spark reads) starts it once, not small.
-    deferred = session.DeferredSession()
-    deferred.work_bytes = lambda: deferred.session() and 0
+    deferred, asked = session.DeferredSession(), []
+    deferred.work_bytes = lambda: asked.append(1) or (deferred.session() and 0)
     assert deferred.session() is deferred.session()
+    assert len(asked) == 1
     assert started == [False, True, True, False, False, False]
 
 
