@@ -96,6 +96,11 @@ class DataFile:
         }
         return json.dumps({"add": add})
 
+    def cdc_action(self) -> str:
+        """The file's ``cdc`` action (a change data file), as one line of a Delta commit."""
+        cdc = {"path": self.path, "partitionValues": {}, "size": self.size, "dataChange": False}
+        return json.dumps({"cdc": cdc})
+
 
 def refused(protocol: Mapping[str, Any], metadata: Mapping[str, Any]) -> str | None:
     """Why a table (its ``protocol`` and ``metaData`` actions) takes no file of :func:`write`;
@@ -153,10 +158,19 @@ def nulls_where_refused(table: pa.Table, schema: Mapping[str, Any]) -> str | Non
     return None
 
 
-def write(table: pa.Table, folder: str) -> DataFile:
+CHANGE_DATA = "_change_data"
+"""The folder of a table's change data files (Delta's ``CDCReader.CDC_LOCATION``)."""
+
+
+def write(table: pa.Table, folder: str, *, changes: bool = False) -> DataFile:
     """Write ``table`` (already in the table's columns and Arrow types) as one Parquet file
-    in ``folder``, the table's own folder."""
+    in ``folder``, the table's own folder; with ``changes``, as a change data file (the
+    table's columns and ``_change_type``) in its ``_change_data`` folder, as Delta's writer
+    names them."""
     name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+    if changes:
+        os.makedirs(os.path.join(folder, CHANGE_DATA), exist_ok=True)
+        name = f"{CHANGE_DATA}/cdc-00000-{uuid.uuid4()}.c000.snappy.parquet"
     target = os.path.join(folder, name)
     pq.write_table(table, target, compression="snappy")
     found = os.stat(target)

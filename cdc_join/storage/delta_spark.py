@@ -87,6 +87,7 @@ from typing import Any
 from urllib.parse import unquote
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
@@ -98,11 +99,11 @@ from pyspark.sql.types import (
     TimestampNTZType,
 )
 
-from cdc_join.changeset import ChangeSet, Rows, arrow_schema, frame_of, to_arrow
+from cdc_join.changeset import ChangeSet, Rows, arrow_schema, found_in, frame_of, to_arrow
 from cdc_join.errors import ConcurrentRunError, StorageError, first_line
 from cdc_join.locations import glob_escape, has_scheme, is_table_name, local_path, quote_table_name
 from cdc_join.schemas import changed_types, conform, merge_schemas, quote, widens_to
-from cdc_join.storage import delta_txn, keyed
+from cdc_join.storage import arrow_files, delta_txn, keyed
 from cdc_join.storage.base import (
     DATA_PRESERVING_OPERATIONS,
     FileStats,
@@ -802,6 +803,10 @@ class DeltaSparkStorage:
         on_driver = isinstance(rows, ChangeSet)
         if on_driver:
             keyed.check_named(rows.table, columns, keys)
+            if expected_version is not None:
+                rewritten = self._rewrite_small(path, rows, columns, keys, where, expected_version, note)
+                if rewritten is not None:
+                    return rewritten
         with _session_confs(self.spark, {REPLACE_WHERE_CHECK: "false"} if on_driver else {}, optional=True):
             return self._write(path, rows, "overwrite", ("replaceWhere", where), expected_version, note)
 
@@ -915,6 +920,66 @@ class DeltaSparkStorage:
             files_added=1,
             files_removed=0,
             extra={"operation": "WRITE", "metrics": metrics},
+        )
+
+    def _rewrite_small(
+        self,
+        path: str,
+        rows: ChangeSet,
+        columns: Sequence[str],
+        keys: pa.Table,
+        where: str,
+        expected: int,
+        note: str | None,
+    ) -> WriteMetrics | None:
+        """:meth:`replace_keys` of a small table as one file written here: its rows read on
+        the driver, the keys' rows replaced, every file of it swapped for the new one in one
+        Delta transaction at ``expected`` (:func:`cdc_join.storage.delta_txn.rewrite_files`:
+        no Spark job), with a change data file of the deleted and inserted rows where the
+        table has the change data feed. For a local table this session's Delta writes to
+        whose checksum at ``expected`` lists its files (Delta lists up to 50) and whose files
+        come to at most :data:`SMALL_REWRITE_BYTES`; ``None`` elsewhere, with nothing
+        written, and Spark's ``replaceWhere`` replaces the keys."""
+        folder = None if is_table_name(path) else local_path(self._location(path))
+        if folder is None or not self._appends_in_jvm(path, rows.schema):
+            return None
+        checksum = _small_checksum(folder, expected, SMALL_REWRITE_BYTES)
+        stored = self._stored_schema(path)
+        if checksum is None or is_marked(stored) or has_untyped(rows.schema) or _refused(checksum):
+            return None
+        listed, conf = checksum["allFiles"], checksum["metadata"].get("configuration") or {}
+        found = self._driver_table(path, expected)
+        if found is None:
+            return None
+        try:  # nullable in the file, as Spark writes it; Delta's NOT NULL is checked apart
+            kinds = pa.schema([f.with_nullable(True) for f in arrow_schema(stored)])
+            current = keyed.all_rows(found[0]).select(stored.names).cast(kinds)
+            new = rows.table.select(stored.names).cast(kinds)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, KeyError, TypeError, ValueError):
+            return None
+        feed = str(conf.get(_CHANGE_DATA_FEED, "false")).lower() == "true"
+        merged, old, changes = _keys_replaced(current, new, columns, keys, feed)
+        token = f"{note or 'cdc_join'}:{uuid.uuid4()}"  # a guard's (_Guard)
+        rewrite = delta_txn.Rewrite(expected, GUARD_APP_ID, token, where, old.num_rows, new.num_rows)
+        try:
+            with _spark_errors("replace rows of", path):
+                version = delta_txn.rewrite_files(
+                    self.spark, self._location(path), folder, listed, merged, changes, rewrite
+                )
+        except delta_txn.Unsupported as exc:
+            _log.info("keyed replaces go through Spark's replaceWhere: %s", exc)
+            self._delta_log = False
+            return None
+        if version is None:
+            return None
+        self._forget(path)
+        return WriteMetrics(
+            version=version,
+            rows_inserted=new.num_rows,
+            rows_deleted=old.num_rows,
+            files_added=1 if merged.num_rows else 0,
+            files_removed=len(listed),
+            extra={"operation": "WRITE", "metrics": rewrite.metrics(len(listed), merged.num_rows, changes)},
         )
 
     def _metrics(self, path: str, commit: Mapping[str, Any], mode: str) -> WriteMetrics:
@@ -1651,6 +1716,51 @@ def _few_files(rows: Rows) -> DataFrame:
 
 
 _NON_EMPTY = re.compile(r"DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION|is not empty and also not a Delta table")
+
+
+SMALL_REWRITE_BYTES = 4 * 1024 * 1024
+"""The most bytes of data files a keyed replace rewrites on the driver
+(:meth:`DeltaSparkStorage._rewrite_small`)."""
+
+
+def _small_checksum(folder: str, version: int, most_bytes: int) -> dict[str, Any] | None:
+    """The checksum Delta writes beside the commit ``version`` of the local table in
+    ``folder``, where it lists every data file of the table (``allFiles``, as ``add`` actions:
+    Delta lists up to 50) and they come to at most ``most_bytes``; ``None`` elsewhere."""
+    try:
+        with open(os.path.join(folder, "_delta_log", f"{version:020d}.crc"), encoding="utf-8") as f:
+            checksum = json.load(f)
+    except (OSError, ValueError):
+        return None
+    files = checksum.get("allFiles")
+    if not isinstance(files, list) or int(checksum.get("tableSizeBytes", most_bytes + 1)) > most_bytes:
+        return None
+    if len(files) != checksum.get("numFiles") or not isinstance(checksum.get("metadata"), dict):
+        return None
+    return checksum
+
+
+def _refused(checksum: Mapping[str, Any]) -> bool:
+    """Whether the table whose checksum this is takes no data file written here."""
+    return arrow_files.refused(checksum.get("protocol") or {}, checksum["metadata"]) is not None
+
+
+def _keys_replaced(
+    current: pa.Table, new: pa.Table, columns: Sequence[str], keys: pa.Table, feed: bool
+) -> tuple[pa.Table, pa.Table, pa.Table | None]:
+    """A table's rows ``current`` with the rows of ``keys`` replaced by ``new``; the rows
+    replaced; and, with ``feed``, the change data rows: those deleted, then those inserted."""
+    hit = found_in(current, keys, columns)
+    old, kept = current.filter(hit), current.filter(pc.invert(hit))
+    changes = None
+    if feed:
+        changes = pa.concat_tables([_change_rows(old, "delete"), _change_rows(new, "insert")])
+    return pa.concat_tables([kept, new]), old, changes
+
+
+def _change_rows(table: pa.Table, kind: str) -> pa.Table:
+    """``table``'s rows as change data rows of ``kind`` (``_change_type``)."""
+    return table.append_column("_change_type", pa.array([kind] * table.num_rows, pa.string()))
 
 
 def _local_log(path: str) -> str | None:

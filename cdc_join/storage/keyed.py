@@ -129,6 +129,15 @@ def rows_of(
     return found.select(wanted.names).cast(wanted)
 
 
+def all_rows(table: Any) -> pa.Table:
+    """Every row of a delta-rs table, its deletion vectors applied (``QueryBuilder``)."""
+    from deltalake import QueryBuilder
+
+    schema = pa.schema(table.schema().to_arrow())
+    found = pa.table(QueryBuilder().register("t", table).execute("SELECT * FROM t").read_all())
+    return found.select(schema.names).cast(schema)
+
+
 def _literal(value: object, text: Callable[[str], str]) -> str:
     if isinstance(value, bool):
         return "TRUE" if value else "FALSE"

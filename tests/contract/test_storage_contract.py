@@ -1021,6 +1021,40 @@ def test_replace_keys_deletes_the_named_keys_and_appends_rows_in_one_commit(stor
     assert store.version(path) == 2
 
 
+def test_replace_keys_of_rows_on_the_driver_keeps_the_untouched_rows_the_feed_and_the_guard(
+    store, spark, tmp_path
+):
+    """Rows on the driver (a run's silver changes): on delta-spark a small table is rewritten
+    here in one transaction, which must leave the other rows, give the feed exactly the
+    replaced and new rows, and commit only at the version it expects."""
+    path = str(tmp_path / "t")
+    kv_table(store, spark, path, [(1, 1, "a"), (2, 1, "b"), (3, 1, "c"), (4, 1, "d")])  # v1
+    key = pa.table({"id": pa.array([1], pa.int64())})
+    store.replace_keys(path, spark.createDataFrame([(1, 2, "a2")], KV_DDL), ["id"], key)  # v2
+    keys = pa.table({"id": pa.array([2, 3, 9], pa.int64())})  # 3 goes, 9 is in no row
+    new = materialize(spark.createDataFrame([(2, 2, "b2"), (9, 1, "i")], KV_DDL))
+    with pytest.raises(ConcurrentRunError):  # the table moved past the version expected
+        store.replace_keys(path, new, ["id"], keys, expected_version=1)
+    assert store.version(path) == 2
+
+    m = store.replace_keys(path, new, ["id"], keys, expected_version=2)
+
+    assert m.version == 3
+    assert rows(store.read(path), "id") == [
+        {"id": 1, "seq": 2, "v": "a2"},
+        {"id": 2, "seq": 2, "v": "b2"},
+        {"id": 4, "seq": 1, "v": "d"},
+        {"id": 9, "seq": 1, "v": "i"},
+    ]
+    got = rows(store.read_changes(path, 3, 3), "_change_type", "id")
+    assert [(r["_change_type"], r["id"], r["v"]) for r in got] == [
+        ("delete", 2, "b"),
+        ("delete", 3, "c"),
+        ("insert", 2, "b2"),
+        ("insert", 9, "i"),
+    ]
+
+
 @pytest.mark.parametrize("given", ["frame", "change set"])
 def test_replace_keys_refuses_a_row_whose_key_it_does_not_name(store, spark, tmp_path, given):
     path = str(tmp_path / "t")

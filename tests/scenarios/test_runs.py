@@ -357,6 +357,8 @@ def test_maintenance_purges_the_silver_rows_deletion_vectors_hide(tmp_path, spar
 
     monkeypatch.setattr(maintenance, "MAX_DELETED_SHARE", 0.1)
     monkeypatch.setattr(maintenance, "MAX_SMALL_FILES", 1_000)  # deleted rows alone decide
+    # Silver as large tables have it: a small one is rewritten on the driver, without vectors.
+    monkeypatch.setattr("cdc_join.storage.delta_spark.SMALL_REWRITE_BYTES", 0)
     pipeline, w = make_pipeline(tmp_path, spark, storage)
     silver = pipeline.config.silver_path
     w.write("rhs", [w.upsert("rhs", {"id": 1, "value": "r1"}, 1)])

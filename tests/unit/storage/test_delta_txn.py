@@ -234,3 +234,47 @@ def test_tables_that_take_no_such_file_and_nulls_in_not_null_columns_take_spark_
     store.append(path, _driver_rows(spark, [(2, "tracked")]), expected_version=at)
     assert files == [None, None]
     assert _ids(store, path) == [1, 2] and store.version(path) == at + 1
+
+
+@pytest.fixture
+def rewrites(monkeypatch) -> list[int | None]:
+    """What each keyed replace of a small table on the driver committed (``None``: nothing)."""
+    return _spy(monkeypatch, "rewrite_files")
+
+
+def test_a_keyed_replace_of_rows_on_the_driver_rewrites_a_small_table_here_without_a_spark_job(
+    store, spark, tmp_path, rewrites
+):
+    path = str(tmp_path / "t")
+    seen = _table(store, spark, path)
+    store.append(path, spark.createDataFrame([(2, "b"), (3, "c")], KV_DDL))
+    keys = pa.table({"id": pa.array([2, 3], pa.int64())})
+    before = len(spark.read.format("delta").load(path).inputFiles())
+    jobs = SparkJobs(spark)
+    with jobs.group("replace") as count:
+        m = store.replace_keys(
+            path, _driver_rows(spark, [(2, "b2")]), ["id"], keys, expected_version=seen + 1
+        )
+        assert count() == 0
+    assert rewrites == [seen + 2] and m.version == seen + 2
+    assert (m.rows_inserted, m.rows_deleted, m.files_added, m.files_removed) == (1, 2, 1, before)
+    assert sorted((r["id"], r["v"]) for r in store.read(path).collect()) == [(1, "a"), (2, "b2")]
+    commit = store.history(path, 1)[0]
+    assert commit["operationParameters"]["predicate"] == "`id` IN (2, 3)"
+    assert commit["operationMetrics"]["numAddedChangeFiles"] == 1
+    assert len(spark.read.format("delta").load(path).inputFiles()) == 1  # the table is one file now
+
+
+def test_a_table_over_the_size_or_without_its_file_list_is_replaced_by_spark(
+    store, spark, tmp_path, rewrites, monkeypatch
+):
+    path = str(tmp_path / "t")
+    seen = _table(store, spark, path)
+    keys = pa.table({"id": pa.array([1], pa.int64())})
+    monkeypatch.setattr("cdc_join.storage.delta_spark.SMALL_REWRITE_BYTES", 100)
+    store.replace_keys(path, _driver_rows(spark, [(1, "a2")]), ["id"], keys, expected_version=seen)
+    monkeypatch.undo()
+    os.remove(os.path.join(path, "_delta_log", f"{seen + 1:020d}.crc"))
+    store.replace_keys(path, _driver_rows(spark, [(1, "a3")]), ["id"], keys, expected_version=seen + 1)
+    assert rewrites == []
+    assert [(r["id"], r["v"]) for r in store.read(path).collect()] == [(1, "a3")]
