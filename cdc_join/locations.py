@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 
 URI_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:")
 _GLOB_SPECIAL = re.compile(r"([\\*?\[\]{}])")
@@ -53,3 +54,20 @@ def quote_table_name(name: str) -> str:
     """``a.b.c`` → ```a`.`b`.`c``` for SQL (parts already quoted are kept)."""
     parts = re.findall(r"`[^`]+`|[^.]+", name)
     return ".".join(p if p.startswith("`") else f"`{p}`" for p in parts)
+
+
+def local_bytes(locations: Iterable[str]) -> int | None:
+    """The bytes of every file under each of ``locations`` (a missing one holds none), read
+    from the local file system; ``None`` where one is a table name or another file system."""
+    total = 0
+    for location in locations:
+        folder = None if is_table_name(location) else local_path(location)
+        if folder is None:
+            return None
+        for root, _, names in os.walk(folder):
+            for name in names:
+                try:
+                    total += os.path.getsize(os.path.join(root, name))
+                except OSError:  # removed while listed (a vacuum)
+                    continue
+    return total

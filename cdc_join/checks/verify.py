@@ -45,10 +45,18 @@ from cdc_join.config import PipelineConfig
 from cdc_join.join import collect, lookup, rebuild, resolve, state, subscription
 from cdc_join.landing.ingest import beyond_lookback, legacy_warnings
 from cdc_join.landing.listing import landing_warnings, list_folders
+from cdc_join.locations import local_bytes
 from cdc_join.schemas import exact_json, quoted, same_type, widens_to
 from cdc_join.storage import Storage, commits
 
 SOURCES = ("bronze", "state")
+
+
+def read_bytes(config: PipelineConfig) -> int | None:
+    """The bytes of the tables a verify reads (bronze, silver), from the local file system
+    without Spark; ``None`` where a table is not a local folder. A session started for a
+    verify asks it (:attr:`cdc_join.session.DeferredSession.work_bytes`)."""
+    return local_bytes([*(config.bronze_path(s) for s in config.sources), config.silver_path])
 
 
 @dataclass(frozen=True)

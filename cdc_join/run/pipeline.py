@@ -75,6 +75,8 @@ class Pipeline:
         self, *, repair: bool = False, samples: int = 5, source: str = "bronze"
     ) -> verify.VerifyReport:
         """Compare silver with a recompute from bronze; with ``repair``, full-refresh and recheck."""
+        if isinstance(self.spark, DeferredSession):  # a session not started yet: for what is read
+            self.spark.work_bytes = functools.partial(verify.read_bytes, self.config)
         found = verify.verify(self.storage, self.config, samples=samples, source=source)
         if not repair or found.ok or found.unfinished:  # a stopped run is finished by a run
             return found

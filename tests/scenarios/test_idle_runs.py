@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from cdc_join.checkpoint import last_checkpoint
+from cdc_join.checks.verify import read_bytes
 from cdc_join.config import load_config
 from cdc_join.errors import InputError
 from cdc_join.landing.ingest import ingest_all, landed_bytes
@@ -85,6 +86,10 @@ def test_a_run_with_nothing_to_do_writes_nothing_and_starts_no_spark(tmp_path, s
     assert report.idle is None and deferred.work_bytes is not None and deferred.work_bytes() == 0
     assert ("c", 1, 0, "one") in silver_rows(pipeline)
     assert last_checkpoint(storage, pipeline.config).run_id == 2
+    # A verify's session is told the bytes of the tables a verify reads (bronze and silver).
+    deferred = DeferredSession()
+    assert Pipeline(pipeline.config, deferred, storage).verify().ok
+    assert deferred.work_bytes is not None and deferred.work_bytes() == read_bytes(pipeline.config) > 0
 
 
 def _rewrite(pipeline: Pipeline, **changes) -> Pipeline:
