@@ -9,9 +9,10 @@ in one transaction instead). The file is what Delta's writer would write, column
 - the table's columns in its order, with the Arrow types Spark reads back as the table's types
   (timestamps as UTC microseconds), Snappy-compressed;
 - statistics as Delta records them in the ``add`` action (``numRecords``; ``nullCount`` of each
-  top-level column that is not nested; ``minValues``/``maxValues`` of integer, date and string
-  columns, a string's minimum cut to :data:`STRING_PREFIX` characters and its maximum left out
-  when longer, as a cut maximum would not bound it; ``tightBounds``, as the file has no deletion
+  top-level column that is not nested; ``minValues``/``maxValues`` of integer, date, string and
+  timestamp columns, a timestamp cut to milliseconds as Delta writes it, a string's minimum cut
+  to :data:`STRING_PREFIX` characters and its maximum left out when longer, as a cut maximum
+  would not bound it; ``tightBounds``, as the file has no deletion
   vector). A bound left out is one a reader cannot skip on, never a wrong one.
 
 :func:`refused` names why a table takes no such file (``None``: it does): partition columns,
@@ -23,6 +24,7 @@ a null in a NOT NULL column (Delta's writer then refuses them with its own error
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import uuid
@@ -70,7 +72,7 @@ _PLAIN_TYPES = frozenset(
         "timestamp",
     }
 )
-_BOUNDED = frozenset({"integer", "date", "string"})
+_BOUNDED = frozenset({"integer", "date", "string", "timestamp"})
 
 
 @dataclass(frozen=True)
@@ -194,6 +196,8 @@ def stats(table: pa.Table) -> str:
         least, most = bounds["min"].as_py(), bounds["max"].as_py()
         if kind == "date":
             least, most = least.isoformat(), most.isoformat()
+        if kind == "timestamp":
+            least, most = _millis(least), _millis(most)
         if kind == "string":
             least = least[:STRING_PREFIX]
             if len(most) > STRING_PREFIX:
@@ -213,6 +217,15 @@ def _kind(kind: pa.DataType) -> str | None:
         return "date"
     if pa.types.is_string(kind) or pa.types.is_large_string(kind):
         return "string"
+    if pa.types.is_timestamp(kind) and kind.tz is not None:
+        return "timestamp"
     if pa.types.is_nested(kind):
         return None
     return "other"
+
+
+def _millis(value: datetime.datetime) -> str:
+    """A timestamp as Delta's statistics write it: UTC, cut to milliseconds (Delta's data
+    skipping reads a maximum as 1 ms later for that reason)."""
+    utc = value.astimezone(datetime.timezone.utc)
+    return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"

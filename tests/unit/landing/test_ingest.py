@@ -436,6 +436,7 @@ def test_a_file_relanded_with_other_content_of_the_same_size_stops_the_run(spark
     assert bronze_keys(spark, storage, config) == [("001.jsonl", 1)]
 
 
+@pytest.mark.storage_path  # the ingest log's statistics are written per backend
 def test_a_lookback_lists_only_files_modified_since_the_last_ingest(spark, storage, tmp_path):
     import dataclasses
     import os

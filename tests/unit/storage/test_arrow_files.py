@@ -49,6 +49,22 @@ def test_stats_bound_integers_dates_and_strings_and_count_every_column_s_nulls()
     }  # fmt: skip
 
 
+def test_stats_bound_timestamps_in_utc_cut_to_milliseconds_as_delta_writes_them():
+    """The ingest log's newest ``ingested_at`` is read from these bounds (a lookback)."""
+    paris = dt.timezone(dt.timedelta(hours=1))
+    at = [dt.datetime(2026, 12, 7, 12, 0, 0, 187_999, paris), None, dt.datetime(2026, 1, 2, tzinfo=dt.UTC)]
+    table = pa.table(
+        {
+            "at": pa.array(at, pa.timestamp("us", tz="UTC")),
+            "local": pa.array([dt.datetime(2026, 1, 1), None, None], pa.timestamp("us")),
+        }
+    )
+    found = json.loads(arrow_files.stats(table))
+    assert found["minValues"] == {"at": "2026-01-02T00:00:00.000Z"}
+    assert found["maxValues"] == {"at": "2026-12-07T11:00:00.187Z"}  # no time zone: no bounds
+    assert found["nullCount"] == {"at": 1, "local": 2}
+
+
 def test_a_plain_table_takes_a_file_and_each_other_kind_is_named():
     fields = [_field("id", "long", nullable=False), _field("v", "string")]
     assert arrow_files.refused(PLAIN, _metadata(fields)) is None
