@@ -58,7 +58,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from cdc_join.changeset import arrow_schema, from_arrow
+from cdc_join.changeset import Rows, arrow_schema, from_arrow, materialize
 from cdc_join.config import PipelineConfig
 from cdc_join.errors import ConfigError, InputError
 from cdc_join.landing.debezium import parse_events
@@ -549,6 +549,12 @@ def _after(hook: StepHook | None, step: str) -> None:
         hook(step)
 
 
+SMALL_BATCH_BYTES = 4 * 1024 * 1024
+"""Landing bytes up to which a batch's events are collected (one Spark job) and appended to
+bronze as rows on the driver: delta-rs then takes them as they are, without Spark's estimate of
+their size (0.1 s), and delta-spark adds them as one file written here, without Spark's writer."""
+
+
 def _write_bronze(
     storage: Storage, path: str, source_name: str, outcome: Outcome, files: Sequence[LandedFile]
 ) -> None:
@@ -578,7 +584,9 @@ def _write_bronze(
     if _holds_lines_of(storage, path, sorted(f.name for f in files), version):
         storage.merge(path, outcome.events, _BRONZE_MERGE)
     else:
-        rows = conform(outcome.events, storage.schema(path))
+        rows: Rows = conform(outcome.events, storage.schema(path))
+        if sum(f.size for f in files) <= SMALL_BATCH_BYTES:  # on the driver: appended as they are
+            rows = materialize(rows)
         storage.append(path, rows, expected_version=version)
 
 
