@@ -27,7 +27,9 @@ def silver_with_deletion_vectors(tmp_path_factory, spark):
     pipeline.storage.optimize(path)  # one file of eight rows
     w.write("lhs", [w.upsert("lhs", {"id": "k1", "fk": 2, "v": 100}, 30)])
     w.write("lhs", [w.delete("lhs", {"id": "k2", "fk": 1, "v": 2}, 31)])
-    pipeline.run()
+    with pytest.MonkeyPatch.context() as patch:  # written as a silver over 4 MB is: not on the driver
+        patch.setattr("cdc_join.storage.delta_spark.SMALL_REWRITE_BYTES", 0)
+        pipeline.run()
     (replaced,) = pipeline.storage.history(path, 1)
     assert replaced["operation"] == "WRITE"  # silver's keyed replace (cdc_join.silver.table)
     assert sum(f.deleted_rows for f in pipeline.storage.files(path)) == 2  # k1's old row and k2
