@@ -930,3 +930,30 @@ def test_a_configured_rule_with_postgres_s_earlier_fields_gets_no_warning(spark,
     land(config, "002.jsonl", _postgres("u", "second", ["10", "11"]) + "\n")
     assert ingest_all(spark, storage, config)["customers"].warnings() == []
     assert legacy_warnings(storage, config) == []
+
+
+def test_a_small_batch_reaches_bronze_as_rows_on_the_driver_and_a_large_one_as_spark_s_frame(
+    spark, storage, tmp_path, monkeypatch
+):
+    from cdc_join.changeset import ChangeSet
+    from cdc_join.landing import ingest
+
+    config = pipeline(tmp_path)
+    appended: list[bool] = []
+    real = storage.append
+
+    def spy(path, rows, *args, **kwargs):
+        if path == config.bronze_path("customers"):
+            appended.append(isinstance(rows, ChangeSet))
+        return real(path, rows, *args, **kwargs)
+
+    monkeypatch.setattr(storage, "append", spy)
+    land(config, "001.jsonl", event("c", {"id": 1}, 1) + "\n")
+    ingest_all(spark, storage, config)  # creates bronze, then appends
+    monkeypatch.setattr(ingest, "SMALL_BATCH_BYTES", 10)
+    land(config, "002.jsonl", event("c", {"id": 2}, 2) + "\n")
+    ingest_all(spark, storage, config)
+    assert appended == [True, False]
+    assert sorted(
+        r["id"] for r in storage.read(config.bronze_path("customers")).select("_after.id").collect()
+    ) == [1, 2]
