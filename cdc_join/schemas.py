@@ -188,9 +188,9 @@ def conform(df: DataFrame, target: StructType) -> DataFrame:
     The projection is SQL text: one round trip to a classic session's JVM, where building it
     from ``Column`` objects costs several per column.
     """
-    have = {f.name: f.dataType for f in df.schema.fields}
-    if list(have) == target.names and all(_strip(have[f.name]) == _strip(f.dataType) for f in target.fields):
+    if conforms(df.schema, target):
         return df
+    have = {f.name: f.dataType for f in df.schema.fields}
     lambdas = itertools.count()
     return df.selectExpr(
         *[
@@ -199,6 +199,15 @@ def conform(df: DataFrame, target: StructType) -> DataFrame:
             else f"CAST(NULL AS {ddl(f.dataType)}) AS {quote(f.name)}"
             for f in target.fields
         ]
+    )
+
+
+def conforms(schema: StructType, target: StructType) -> bool:
+    """Whether rows of ``schema`` have ``target``'s shape already (nullability aside), so
+    :func:`conform` would leave them as they are."""
+    have = {f.name: f.dataType for f in schema.fields}
+    return list(have) == target.names and all(
+        _strip(have[f.name]) == _strip(f.dataType) for f in target.fields
     )
 
 

@@ -58,7 +58,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from cdc_join.changeset import Rows, arrow_schema, from_arrow, materialize
+from cdc_join.changeset import ChangeSet, arrow_schema, frame_of, from_arrow, materialize
 from cdc_join.config import PipelineConfig
 from cdc_join.errors import ConfigError, InputError
 from cdc_join.landing.debezium import parse_events
@@ -78,13 +78,15 @@ from cdc_join.landing.listing import (
 )
 from cdc_join.landing.outcome import QUARANTINE_TABLE_SCHEMA, FileCounts, Outcome
 from cdc_join.locations import glob_escape, local_path
-from cdc_join.schemas import conform
+from cdc_join.schemas import conform, conforms
 from cdc_join.storage.base import MergeSpec, Storage
 
-#: A batch of landing files smaller than this is read, parsed and counted by one task and
-#: not cached: its aggregations then need no shuffle, and each shuffle or cache is a Spark job
-#: of its own (a query stage), which costs a small batch more than parsing its lines again
-#: for each write and a second core save it.
+#: A batch of landing files of less text than this (:func:`~cdc_join.landing.listing.text_bytes`)
+#: is read and parsed by one task, not cached, and brought to the driver by the job that counts
+#: its lines (:mod:`cdc_join.landing.outcome`): its events are appended to bronze as rows on the
+#: driver, which delta-rs takes as they are, without Spark's estimate of their size (0.1 s), and
+#: delta-spark adds as one file written here, without Spark's writer. Each shuffle, cache or
+#: write from Spark is a Spark job of its own, which costs a small batch more than its lines.
 ONE_TASK_BYTES = 4 * 1024 * 1024
 
 STEPS = ("bronze", "quarantine", "log")
@@ -425,12 +427,12 @@ def _ingest_files(
     after_step: StepHook | None,
     log: list[pa.Table] | None,
 ) -> tuple[dict[str, FileCounts], dict[str, int], dict[str, int], str]:
-    """Parse ``pending`` (one Spark job for the batch's schemas, one counting its lines: see
-    :mod:`cdc_join.landing.outcome`), then write them from Spark (from its cache for a batch of
-    :data:`ONE_TASK_BYTES` or more); return the outcome counts per file, the quarantined lines
-    per reason, per column the events holding Debezium's placeholder for a value it could not
-    read, and the name of the sequence rule the events were ordered by ('' when no file could be
-    read).
+    """Parse ``pending`` (one Spark job for the batch's schemas, one counting its lines and, for
+    a batch under :data:`ONE_TASK_BYTES`, bringing them to the driver: see
+    :mod:`cdc_join.landing.outcome`), then write them (a larger batch from Spark's cache);
+    return the outcome counts per file, the quarantined lines per reason, per column the events
+    holding Debezium's placeholder for a value it could not read, and the name of the sequence
+    rule the events were ordered by ('' when no file could be read).
 
     A file Spark cannot read at all (a truncated gzip, say) fails the batch's job; then each
     file is tried alone, and those that fail are quarantined whole, with the reason, while the
@@ -485,7 +487,7 @@ def _parse(
     except ConfigError as e:
         raise ConfigError(e.message, key=e.key, path=config.config_path, hint=e.hint) from None
     try:
-        return Outcome.of(parsed, source_name, ingested_at, cache=large)
+        return Outcome.of(parsed, source_name, ingested_at, on_driver=not large)
     except BaseException:
         parsed.unpersist()
         raise
@@ -549,12 +551,6 @@ def _after(hook: StepHook | None, step: str) -> None:
         hook(step)
 
 
-SMALL_BATCH_BYTES = 4 * 1024 * 1024
-"""Landing bytes up to which a batch's events are collected (one Spark job) and appended to
-bronze as rows on the driver: delta-rs then takes them as they are, without Spark's estimate of
-their size (0.1 s), and delta-spark adds them as one file written here, without Spark's writer."""
-
-
 def _write_bronze(
     storage: Storage, path: str, source_name: str, outcome: Outcome, files: Sequence[LandedFile]
 ) -> None:
@@ -583,11 +579,15 @@ def _write_bronze(
     version = storage.version(path)
     if _holds_lines_of(storage, path, sorted(f.name for f in files), version):
         storage.merge(path, outcome.events, _BRONZE_MERGE)
-    else:
-        rows: Rows = conform(outcome.events, storage.schema(path))
-        if sum(f.size for f in files) <= SMALL_BATCH_BYTES:  # on the driver: appended as they are
+        return
+    rows = outcome.events
+    target = storage.schema(path)
+    if not conforms(rows.schema, target):
+        # A small batch's rows on the driver are reshaped by Spark over them (no file read).
+        rows = conform(frame_of(rows), target)
+        if isinstance(outcome.events, ChangeSet):
             rows = materialize(rows)
-        storage.append(path, rows, expected_version=version)
+    storage.append(path, rows, expected_version=version)
 
 
 def _holds_lines_of(storage: Storage, path: str, names: Sequence[str], version: int) -> bool:

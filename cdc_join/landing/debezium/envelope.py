@@ -42,7 +42,19 @@ from cdc_join.landing.debezium.sql import absent, get, ident, is_object, json_te
 
 OPS = ("c", "u", "d", "r", "t")
 UPSERT_OPS = ("c", "u", "r")
-EVENT_COLUMNS = ("_file", "_line", "_op", "_seq", "_seq_values", "_ts_ms", "_before", "_after", "_raw")
+#: An event's columns, each its name and SQL over a classified line (:attr:`ParsedBatch.events`).
+EVENT_SQL = (
+    ("_file", "CAST(_file AS STRING)"),
+    ("_line", "CAST(_line AS BIGINT)"),
+    ("_op", "__op"),
+    ("_seq", "_seq"),
+    ("_seq_values", "_seq_values"),
+    ("_ts_ms", "_ts_ms"),
+    ("_before", "__before"),
+    ("_after", "__after"),
+    ("_raw", "value"),
+)
+EVENT_COLUMNS = tuple(name for name, _ in EVENT_SQL)
 QUARANTINE_SCHEMA = StructType(
     [
         StructField("source", StringType()),
@@ -381,25 +393,25 @@ def _key_reason(primary_key: Sequence[str], row: StructType) -> str:
     return f"coalesce({', '.join(checks)})" if len(checks) > 1 else checks[0]
 
 
-def _events(classified: DataFrame) -> DataFrame:
-    return classified.filter("__kind = 'event'").selectExpr(
-        "CAST(_file AS STRING) AS _file",
-        "CAST(_line AS BIGINT) AS _line",
-        "__op AS _op",
-        "_seq",
-        "_seq_values",
-        "_ts_ms",
-        "__before AS _before",
-        "__after AS _after",
-        "value AS _raw",
+def quarantine_columns(source_name: str) -> tuple[tuple[str, str], ...]:
+    """A quarantined line's columns (:data:`QUARANTINE_SCHEMA`), each its name and SQL over a
+    classified line."""
+    return (
+        ("source", lit(source_name)),
+        ("_file", "CAST(_file AS STRING)"),
+        ("_line", "CAST(_line AS BIGINT)"),
+        ("reason", "__reason"),
+        ("raw", "value"),
     )
+
+
+def _events(classified: DataFrame) -> DataFrame:
+    return classified.filter("__kind = 'event'").selectExpr(*_aliased(EVENT_SQL))
 
 
 def _quarantine(classified: DataFrame, source_name: str) -> DataFrame:
-    return classified.filter("__kind = 'quarantine'").selectExpr(
-        f"{lit(source_name)} AS source",
-        "CAST(_file AS STRING) AS _file",
-        "CAST(_line AS BIGINT) AS _line",
-        "__reason AS reason",
-        "value AS raw",
-    )
+    return classified.filter("__kind = 'quarantine'").selectExpr(*_aliased(quarantine_columns(source_name)))
+
+
+def _aliased(columns: Sequence[tuple[str, str]]) -> list[str]:
+    return [f"{sql} AS {name}" for name, sql in columns]

@@ -68,8 +68,9 @@ def land_three_files(root: Path) -> PipelineConfig:
 
 @pytest.fixture(params=["one task", "cached"])
 def batch_path(request, monkeypatch) -> str:
-    """Each of ingest's two paths: a small batch read, parsed and counted by one task and parsed
-    again for each write; a large one (here every batch) cached once parsed, in several tasks."""
+    """Each of ingest's two paths: a small batch read, parsed and counted by one task and
+    brought to the driver by that job; a large one (here every batch) cached once parsed, in
+    several tasks, and written from Spark."""
     import cdc_join.landing.ingest as ingest
 
     if request.param == "cached":
@@ -950,10 +951,27 @@ def test_a_small_batch_reaches_bronze_as_rows_on_the_driver_and_a_large_one_as_s
     monkeypatch.setattr(storage, "append", spy)
     land(config, "001.jsonl", event("c", {"id": 1}, 1) + "\n")
     ingest_all(spark, storage, config)  # creates bronze, then appends
-    monkeypatch.setattr(ingest, "SMALL_BATCH_BYTES", 10)
+    monkeypatch.setattr(ingest, "ONE_TASK_BYTES", 10)
     land(config, "002.jsonl", event("c", {"id": 2}, 2) + "\n")
     ingest_all(spark, storage, config)
     assert appended == [True, False]
     assert sorted(
         r["id"] for r in storage.read(config.bronze_path("customers")).select("_after.id").collect()
     ) == [1, 2]
+
+
+def test_a_small_batch_costs_two_spark_jobs_one_for_its_schemas_one_counting_and_bringing_its_events(
+    spark, storage, tmp_path
+):
+    # What a scheduled run's batch costs in ingest on either backend: the lines are parsed once
+    # more to count them, and that job brings the events to the driver (none is written by Spark).
+    from cdc_join.report import SparkJobs
+
+    config = pipeline(tmp_path)
+    land(config, "001.jsonl", event("c", {"id": 1}, 1) + "\n")
+    ingest_all(spark, storage, config)  # creates bronze and the ingest log
+    land(config, "002.jsonl", "\n".join([event("u", {"id": 1}, 2), event("c", {"id": 2}, 3)]) + "\n")
+    with SparkJobs(spark).group("ingest") as jobs:
+        assert ingest_all(spark, storage, config)["customers"].events == 2
+        assert jobs() == 2
+    assert bronze_keys(spark, storage, config) == [("001.jsonl", 1), ("002.jsonl", 1), ("002.jsonl", 2)]
