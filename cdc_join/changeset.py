@@ -263,6 +263,25 @@ def _large_null_lists(data_type: pa.DataType) -> pa.DataType:
     return data_type
 
 
+def plain_types(table: pa.Table) -> pa.Table:
+    """``table`` with Arrow view types (which pyarrow compute does not all take) made plain."""
+
+    def plain(t: pa.DataType) -> pa.DataType:
+        if t == pa.string_view():
+            return pa.string()
+        if t == pa.binary_view():
+            return pa.binary()
+        if pa.types.is_struct(t):
+            return pa.struct([f.with_type(plain(f.type)) for f in t])
+        if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t):
+            return pa.list_(plain(t.value_type))
+        if pa.types.is_map(t):
+            return pa.map_(plain(t.key_type), plain(t.item_type))
+        return t
+
+    return cast_table(table, pa.schema([f.with_type(plain(f.type)) for f in table.schema]))
+
+
 def cast_table(rows: Any, schema: pa.Schema) -> Any:
     """``rows.cast(schema)`` for a table or record batch, safe for lists of null-typed values.
 

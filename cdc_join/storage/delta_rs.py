@@ -92,6 +92,7 @@ from cdc_join.changeset import (
     arrow_of,
     arrow_schema,
     cast_table,
+    plain_types,
     spark_frame,
     to_arrow,
 )
@@ -384,25 +385,6 @@ def _log_adds(root: str) -> list[dict[str, Any]]:
         with open(os.path.join(log, name), encoding="utf-8") as handle:
             adds += [a["add"] for a in map(json.loads, filter(str.strip, handle)) if "add" in a]
     return adds
-
-
-def _plain_types(table: pa.Table) -> pa.Table:
-    """``table`` with Arrow view types (which pyarrow compute does not all take) made plain."""
-
-    def plain(t: pa.DataType) -> pa.DataType:
-        if t == pa.string_view():
-            return pa.string()
-        if t == pa.binary_view():
-            return pa.binary()
-        if pa.types.is_struct(t):
-            return pa.struct([f.with_type(plain(f.type)) for f in t])
-        if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t):
-            return pa.list_(plain(t.value_type))
-        if pa.types.is_map(t):
-            return pa.map_(plain(t.key_type), plain(t.item_type))
-        return t
-
-    return cast_table(table, pa.schema([f.with_type(plain(f.type)) for f in table.schema]))
 
 
 def _has_not_null(data_type: pa.DataType | pa.Schema) -> bool:
@@ -859,7 +841,7 @@ class DeltaRsStorage:
         # createDataFrame casts every column (string_view, binary_view, ...) to out_schema's types.
         frame = spark_frame(self.spark, arrow, out_schema)
         # The rows are on the driver already: callers can read keys from them without a job.
-        setattr(frame, ARROW_ATTRIBUTE, _plain_types(arrow))
+        setattr(frame, ARROW_ATTRIBUTE, plain_types(arrow))
         return frame
 
     def append(

@@ -781,6 +781,65 @@ def test_read_changes(store, spark, tmp_path):
     assert store.read_changes(path, 3, 99).count() == 1
 
 
+@pytest.mark.parametrize("reader", ["as shipped", "Spark's reader"])
+def test_the_feed_of_versions_that_only_appended_holds_their_rows_of_every_type(
+    store, spark, tmp_path, monkeypatch, reader
+):
+    # Bronze's case: appends of Spark's frames and of rows on the driver, an insert-only MERGE,
+    # a column added, a compaction between. delta-spark reads such a feed on the driver (no
+    # Spark job); with the driver path off, Delta's own reader must give the same rows.
+    from cdc_join.changeset import arrow_of
+    from cdc_join.storage import delta_spark
+
+    if reader == "Spark's reader":
+        if store.name != "delta-spark":
+            pytest.skip("the driver path is delta-spark's")
+        monkeypatch.setattr(delta_spark, "SMALL_FEED_BYTES", -1)
+    ddl = (
+        "id long, at timestamp, amount decimal(12,2), tags array<string>, attrs map<string,long>, "
+        "s struct<a: int>"
+    )
+    path = str(tmp_path / "t")
+    at = datetime(2026, 12, 7, 1, 2, 3, 456789, tzinfo=timezone.utc)
+    first = (1, at, Decimal("1.25"), ["x", None], {"k": 1}, (7,))
+    store.create(path, spark.createDataFrame([], ddl).schema, cdf=True)  # v0
+    store.append(path, spark.createDataFrame([first], ddl))  # v1: Spark's frame
+    store.append(path, materialize(spark.createDataFrame([(2, None, None, None, None, None)], ddl)))  # v2
+    store.optimize(path)  # v3: no change
+    later = spark.createDataFrame([(3, at, Decimal("-2.50"), [], {}, None, "new")], ddl + ", extra string")
+    store.append(path, later, merge_schema=True)  # v4
+    store.merge(
+        path,
+        spark.createDataFrame([(4, None, None, None, None, None, "m")], ddl + ", extra string"),
+        MergeSpec(on="t.id = s.id", update=False),
+    )  # v5: inserts only
+
+    changes = store.read_changes(path, 1)
+
+    got = rows(changes, "id")
+    assert [(r["id"], r["_change_type"], r["_commit_version"]) for r in got] == [
+        (1, "insert", 1),
+        (2, "insert", 2),
+        (3, "insert", 4),
+        (4, "insert", 5),
+    ]
+    assert got[0]["at"].astimezone(timezone.utc) == at and got[0]["amount"] == Decimal("1.25")
+    assert (got[0]["tags"], got[0]["attrs"], got[0]["s"], got[0]["extra"]) == (
+        ["x", None],
+        {"k": 1},
+        {"a": 7},
+        None,
+    )
+    assert (got[2]["tags"], got[2]["attrs"], got[2]["extra"]) == ([], {}, "new")
+    assert changes.schema["_commit_version"].dataType == LongType()
+    if store.name == "delta-spark" and reader == "as shipped":
+        assert arrow_of(changes) is not None  # read on the driver
+        # v6: a version that removes rows (here without deletion vectors) is read by Spark.
+        store.overwrite(path, later)
+        assert arrow_of(store.read_changes(path, 1)) is None
+        assert sorted({r["_change_type"] for r in rows(store.read_changes(path, 6))}) == ["delete", "insert"]
+
+
 def test_set_properties_turns_the_change_feed_off_and_on_again(store, spark, tmp_path):
     path = str(tmp_path / "t")
     kv_table(store, spark, path, [(1, 1, "a"), (2, 1, "b")])  # v1, with a change feed
