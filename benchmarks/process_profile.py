@@ -7,8 +7,10 @@ the interpreter's start (an empty ``python -c pass`` beside it), the imports of 
 and PySpark, the Spark session (the JVM's start, the Delta jars from the cache, the session),
 the config, then a run of 10 changed rows with the seconds and Spark jobs of each of its steps
 (the *cold* run). Then the same process lands another 10 changed rows and runs again (the *warm*
-run): a step's cold seconds minus its warm seconds is what a new process pays for it (class
-loading, JIT, Spark's and Delta's first use of each plan). The lake is the scheduler's benchmark's
+run; ``--warm-runs N`` runs N of them and takes each step's median): a step's cold seconds minus
+its warm seconds is what a new process pays for it (class loading, JIT, Spark's and Delta's first
+use of each plan). With several warm runs, the later ones are what a session that runs the
+pipeline again and again pays per run. The lake is the scheduler's benchmark's
 (:mod:`benchmarks.scheduled`), with its first run made beforehand in a process of its own.
 Medians over ``--repeat``; one JSON document, and a table on stdout.
 """
@@ -52,10 +54,12 @@ storage = get_storage(spark, sys.argv[2])
 mark("storage")
 from benchmarks.process_profile import land_changes
 runs = []
-for n in (1, 2):
+for n in range(1, int(sys.argv[5]) + 2):
     land_changes(sys.argv[3], n)
+    took = time.perf_counter()
     report = Pipeline(config, spark, storage).run().to_dict()
-    runs.append({"seconds": report["seconds"], "spark_jobs": report.get("spark_jobs", {})})
+    took = round(time.perf_counter() - took, 3)
+    runs.append({"wall": took, "seconds": report["seconds"], "spark_jobs": report.get("spark_jobs", {})})
     mark(f"run {n}")
 print("PROFILE " + json.dumps({"phases": marks, "runs": runs}))
 """
@@ -75,7 +79,7 @@ def land_changes(root: str, n: int) -> None:
     w.write("orders", events, name=f"orders-p{n}.jsonl")
 
 
-def profile(storage: str, conf: str = "") -> dict[str, Any]:
+def profile(storage: str, conf: str = "", warm_runs: int = 1) -> dict[str, Any]:
     """One new process: its phases and its cold and warm runs (see the module's docstring)."""
     root = Path(tempfile.mkdtemp(prefix="cdc_join_profile_"))
     config, writer = _pipeline(root)
@@ -86,7 +90,7 @@ def profile(storage: str, conf: str = "") -> dict[str, Any]:
     interpreter = time.perf_counter() - began
     began = time.perf_counter()
     done = subprocess.run(
-        [sys.executable, "-c", _CHILD, config, storage, str(root), conf],
+        [sys.executable, "-c", _CHILD, config, storage, str(root), conf, str(warm_runs)],
         capture_output=True,
         text=True,
         cwd=Path(__file__).resolve().parent.parent,
@@ -121,12 +125,27 @@ def table(storage: str, samples: list[dict[str, Any]]) -> str:
         "| step | cold s | warm s | cold - warm | jobs cold / warm |",
         "| --- | --- | --- | --- | --- |",
     ]
-    steps = list(samples[0]["runs"][0]["seconds"])
-    for step in steps:
-        cold = med([s["runs"][0]["seconds"].get(step, 0.0) for s in samples])
-        warm = med([s["runs"][1]["seconds"].get(step, 0.0) for s in samples])
-        jobs = [med([s["runs"][k]["spark_jobs"].get(step, 0) for s in samples]) for k in (0, 1)]
-        lines.append(f"| {step} | {cold} | {warm} | {round(cold - warm, 2)} | {jobs[0]:g} / {jobs[1]:g} |")
+
+    def warm(sample: dict[str, Any], value: Any) -> float:  # the median over its warm runs
+        return statistics.median([value(run) for run in sample["runs"][1:]])
+
+    def row(name: str, value: Any) -> str:
+        cold = med([value(s["runs"][0]) for s in samples])
+        hot = med([warm(s, value) for s in samples])
+        return f"| {name} | {cold} | {hot} | {round(cold - hot, 2)} |"
+
+    for step in samples[0]["runs"][0]["seconds"]:
+        jobs = [
+            med([s["runs"][0]["spark_jobs"].get(step, 0) for s in samples]),
+            med([warm(s, lambda run, step=step: run["spark_jobs"].get(step, 0)) for s in samples]),
+        ]
+        line = row(step, lambda run, step=step: run["seconds"].get(step, 0.0))
+        lines.append(f"{line} {jobs[0]:g} / {jobs[1]:g} |")
+    jobs = [
+        med([sum(s["runs"][0]["spark_jobs"].values()) for s in samples]),
+        med([warm(s, lambda run: sum(run["spark_jobs"].values())) for s in samples]),
+    ]
+    lines.append(f"{row('the whole run', lambda run: run['wall'])} {jobs[0]:g} / {jobs[1]:g} |")
     return "\n".join(lines)
 
 
@@ -136,8 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--conf", default="", help="Spark settings for the session: key=value,...")
+    parser.add_argument("--warm-runs", type=int, default=1, help="warm runs after the cold one")
     args = parser.parse_args(argv)
-    results = {s: [profile(s, args.conf) for _ in range(args.repeat)] for s in args.storage}
+    results = {s: [profile(s, args.conf, args.warm_runs) for _ in range(args.repeat)] for s in args.storage}
     for storage, samples in results.items():
         print(table(storage, samples), end="\n\n")
     if args.out:
