@@ -79,7 +79,7 @@ import os
 import re
 import threading
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import reduce
@@ -907,9 +907,10 @@ class DeltaSparkStorage:
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, KeyError, TypeError, ValueError):
             return None
         guard = _Guard.of(expected_version, note)
-        try:
-            with _spark_errors("append to", path):
-                version = delta_txn.append_file(
+        with _spark_errors("append to", path):
+            version = self._in_jvm(
+                "appends of rows on the driver go through the data-frame writer",
+                lambda: delta_txn.append_file(
                     self.spark,
                     self._location(path),
                     folder,
@@ -917,11 +918,8 @@ class DeltaSparkStorage:
                     None if guard is None else guard.expected,
                     GUARD_APP_ID,
                     note if guard is None else guard.token,
-                )
-        except delta_txn.Unsupported as exc:
-            _log.info("appends of rows on the driver go through the data-frame writer: %s", exc)
-            self._delta_log = False
-            return None
+                ),
+            )
         if version is None:
             return None
         self._forget(path)
@@ -933,6 +931,18 @@ class DeltaSparkStorage:
             files_removed=0,
             extra={"operation": "WRITE", "metrics": metrics},
         )
+
+    def _in_jvm(self, fallback: str, write: Callable[[], int | None]) -> int | None:
+        """``write``, a transaction of Delta's own API (:mod:`cdc_join.storage.delta_txn`):
+        the version it committed, or ``None`` where it wrote nothing and the caller's Spark
+        path writes instead. Where this session's Delta has no such API (``Unsupported``), it
+        says so once (``fallback``: what happens instead) and is not asked again."""
+        try:
+            return write()
+        except delta_txn.Unsupported as exc:
+            _log.info("%s: %s", fallback, exc)
+            self._delta_log = False
+            return None
 
     def _rewrite_small(
         self,
@@ -971,17 +981,15 @@ class DeltaSparkStorage:
             return None
         feed = str(conf.get(_CHANGE_DATA_FEED, "false")).lower() == "true"
         merged, old, changes = _keys_replaced(current, new, columns, keys, feed)
-        token = f"{note or 'cdc_join'}:{uuid.uuid4()}"  # a guard's (_Guard)
-        rewrite = delta_txn.Rewrite(expected, GUARD_APP_ID, token, where, old.num_rows, new.num_rows)
-        try:
-            with _spark_errors("replace rows of", path):
-                version = delta_txn.rewrite_files(
+        guard = _Guard(expected, _Guard.token_of(note))
+        rewrite = delta_txn.Rewrite(expected, GUARD_APP_ID, guard.token, where, old.num_rows, new.num_rows)
+        with _spark_errors("replace rows of", path):
+            version = self._in_jvm(
+                "keyed replaces go through Spark's replaceWhere",
+                lambda: delta_txn.rewrite_files(
                     self.spark, self._location(path), folder, listed, merged, changes, rewrite
-                )
-        except delta_txn.Unsupported as exc:
-            _log.info("keyed replaces go through Spark's replaceWhere: %s", exc)
-            self._delta_log = False
-            return None
+                ),
+            )
         if version is None:
             return None
         self._forget(path)
@@ -1635,7 +1643,12 @@ class _Guard:
         write's ``note``, which the commit's user metadata then carries."""
         if expected_version is None:
             return None
-        return _Guard(int(expected_version), f"{note or 'cdc_join'}:{uuid.uuid4()}")
+        return _Guard(int(expected_version), _Guard.token_of(note))
+
+    @staticmethod
+    def token_of(note: str | None) -> str:
+        """A new guard's token: the write's ``note`` (or ``cdc_join``), then a random id."""
+        return f"{note or 'cdc_join'}:{uuid.uuid4()}"
 
 
 def _guard_confs(guard: _Guard | None) -> dict[str, str]:
