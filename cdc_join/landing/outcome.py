@@ -101,8 +101,8 @@ class Outcome:
                 )
                 tally = _tally(grouped, parsed.row_schema)
                 spark = classified.sparkSession
-                events = ChangeSet(spark, frame_of(events).schema, event_rows)
-                quarantine = ChangeSet(spark, frame_of(quarantine).schema, quarantine_rows)
+                events = ChangeSet(spark, events.schema, event_rows)
+                quarantine = ChangeSet(spark, quarantine.schema, quarantine_rows)
             else:
                 tally = _tally(_tally_frame(classified, parsed.row_schema).collect(), parsed.row_schema)
         except BaseException:

@@ -1545,10 +1545,12 @@ class DeltaSparkStorage:
         cannot read (a stored void, mapped columns, partitions). Saves a run's plan step the
         Spark jobs of Delta's feed reader (2 on the scheduler's benchmark)."""
         log = _local_log(path)
-        added = None if log is None else _local_appends(log, first, last, SMALL_FEED_BYTES)
-        stored = None if log is None else _local_schema(log, last)
+        if log is None:
+            return None
+        added = _local_appends(log, first, last, SMALL_FEED_BYTES)
+        stored = _local_schema(log, last)
         found = None if added is None or stored is None else self._driver_table(path, last)
-        if log is None or added is None or stored is None or found is None:
+        if added is None or stored is None or found is None:
             return None
         import pyarrow.dataset as ds
 
@@ -1852,9 +1854,10 @@ def _local_appends(log: str, first: int, last: int, most_bytes: int) -> dict[int
     total = 0
     for version in range(first, last + 1):
         try:
-            with open(os.path.join(log, f"{version:020d}.json"), encoding="utf-8") as commit:
-                actions = [json.loads(line) for line in commit if line.strip()]
+            actions = _commit_actions(log, version)
         except (OSError, ValueError):
+            return None
+        if actions is None:
             return None
         files = []
         for action in actions:
@@ -1881,6 +1884,15 @@ def _local_log(path: str) -> str | None:
     return None if local is None else os.path.join(local, "_delta_log")
 
 
+def _commit_actions(log: str, version: int) -> list[dict[str, Any]] | None:
+    """The actions of a local table's commit ``version``; ``None`` where its file is gone."""
+    try:
+        with open(os.path.join(log, f"{version:020d}.json"), encoding="utf-8") as commit:
+            return [json.loads(line) for line in commit if line.strip()]
+    except FileNotFoundError:
+        return None
+
+
 def _local_commits(log: str, limit: int | None) -> list[dict[str, Any]] | None:
     """The newest ``limit`` commits of a local table (all with ``None``), newest first, as
     ``DESCRIBE HISTORY`` gives them (``None``: no table there). Commits whose file the log
@@ -1891,11 +1903,10 @@ def _local_commits(log: str, limit: int | None) -> list[dict[str, Any]] | None:
     first = 0 if limit is None else max(0, latest - int(limit) + 1)
     found = []
     for version in range(latest, first - 1, -1):
-        try:
-            with open(os.path.join(log, f"{version:020d}.json"), encoding="utf-8") as commit:
-                info = next((a["commitInfo"] for a in map(json.loads, commit) if "commitInfo" in a), {})
-        except FileNotFoundError:
+        actions = _commit_actions(log, version)
+        if actions is None:
             break
+        info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
         found.append(
             {
                 **normalize_history_entry(
