@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
@@ -16,6 +17,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from cdc_join.changeset import arrow_of
 from cdc_join.columns import (
     DELETED,
     FILE,
@@ -90,8 +92,18 @@ def rebuild(
     schema = storage.schema(path)
     rows = from_events(events, source, schema, run_id)
     written = storage.overwrite(path, rows.orderBy(*quoted(source.primary_key)), note=commits.REBUILD)
+    return written.rows_inserted or 0, _watermark(events)
+
+
+def _watermark(events: DataFrame) -> str | None:
+    """The greatest truncate sequence of a bronze snapshot: from its rows on the driver where
+    the storage read them there (no Spark job), else one job."""
+    arrow = arrow_of(events)
+    if arrow is not None:
+        truncates = arrow.filter(pc.fill_null(pc.equal(arrow.column("_op"), "t"), False)).column("_seq")
+        return pc.max(truncates).as_py() if len(truncates) else None
     found = events.filter(F.col("_op") == "t").agg(F.max("_seq").alias("w")).first()
-    return written.rows_inserted or 0, found["w"] if found is not None else None
+    return found["w"] if found is not None else None
 
 
 def _truncated_value(field: StructField, key: list[str], run_id: int) -> Column:

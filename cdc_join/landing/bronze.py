@@ -126,7 +126,8 @@ def increment(
     path = config.bronze_path(name)
     start = previous.bronze_versions.get(name)
     if start is None:
-        return Increment(storage.read(path, end))
+        snapshot = storage.read(path, end)
+        return Increment(snapshot, arrow_of(snapshot))
     if start >= end:
         return None
     try:

@@ -101,6 +101,7 @@ from cdc_join.locations import has_scheme, is_table_name, local_path
 from cdc_join.schemas import changed_types, conform, merge_schemas, nullable
 from cdc_join.storage import keyed
 from cdc_join.storage.base import (
+    SMALL_READ_BYTES,
     FileStats,
     MergeSpec,
     WriteMetrics,
@@ -673,7 +674,13 @@ class DeltaRsStorage:
         self._check_plain_parquet(dt, path)
         schema = self._spark_schema(dt)
         root = table_root(path)
-        uris = [spark_file_uri(root, row["path"]) for row in self._add_actions(dt, path, ("path",))]
+        adds = self._add_actions(dt, path, ("path", "size_bytes"))
+        size = sum(int(a.get("size_bytes") or 0) for a in adds)
+        if files is None and _is_local(root) and size <= SMALL_READ_BYTES:
+            small = self._small_snapshot(dt, path, schema, [_file_key(root, a["path"]) for a in adds])
+            if small is not None:
+                return small
+        uris = [spark_file_uri(root, row["path"]) for row in adds]
         if files is not None:
             by_key = {_file_key(root, uri): uri for uri in uris}
             chosen: list[str] = []
@@ -689,6 +696,26 @@ class DeltaRsStorage:
         if not uris:
             return self.spark.createDataFrame([], nullable_struct(schema))
         return self.spark.read.schema(schema).parquet(*uris)
+
+    def _small_snapshot(
+        self, dt: DeltaTable, path: str, schema: StructType, files: list[str]
+    ) -> DataFrame | None:
+        """A local snapshot's data ``files`` (at most :data:`SMALL_READ_BYTES`; no deletion
+        vector, :meth:`_check_plain_parquet` saw to it) read on the driver, with the Arrow rows
+        attached (:data:`~cdc_join.changeset.ARROW_ATTRIBUTE`: keys and counts of it need no
+        Spark job, and Spark plans over it without a file scan); ``None`` for rows Spark takes
+        otherwise from Arrow (its parquet reader reads them). Columns a file lacks (added
+        later) read as null."""
+        with _delta_errors("read", path):
+            kinds = pa.schema(dt.schema().to_arrow())
+            arrow = plain_types(pa.dataset.dataset(sorted(files), schema=kinds, format="parquet").to_table())
+        try:
+            # Every column nullable, as Spark's parquet reader gives them (``read``'s other path).
+            frame = spark_frame(self.spark, arrow, nullable_struct(schema))
+        except Exception:  # rows Spark takes otherwise from Arrow: its reader reads them
+            return None
+        setattr(frame, ARROW_ATTRIBUTE, arrow)
+        return frame
 
     def read_arrow(
         self, path: str, columns: Sequence[str] | None = None, files: Sequence[str] | None = None

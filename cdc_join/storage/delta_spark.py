@@ -118,6 +118,7 @@ from cdc_join.schemas import changed_types, conform, merge_schemas, quote, widen
 from cdc_join.storage import arrow_files, delta_txn, keyed
 from cdc_join.storage.base import (
     DATA_PRESERVING_OPERATIONS,
+    SMALL_READ_BYTES,
     FileStats,
     MergeSpec,
     WriteMetrics,
@@ -446,8 +447,42 @@ class DeltaSparkStorage:
         return str(row["location"]), None if row["id"] is None else str(row["id"])
 
     def _snapshot(self, path: str, version: int | None = None) -> DataFrame:
-        """The table's rows at ``version`` (default latest), voids read as voids."""
-        return to_logical(self._stored(path, version))
+        """The table's rows at ``version`` (default latest), voids read as voids: read on the
+        driver where :meth:`_small_snapshot` can, else by Delta's reader."""
+        small = self._small_snapshot(path, version)
+        return small if small is not None else to_logical(self._stored(path, version))
+
+    def _small_snapshot(self, path: str, version: int | None) -> DataFrame | None:
+        """A local table's snapshot whose data files come to at most :data:`SMALL_READ_BYTES`,
+        read on the driver (:meth:`_dataset`: no deletion vector, mapped column, partition or
+        stored void), in the table's logical schema with its NOT NULLs, with the Arrow rows
+        attached (:data:`~cdc_join.changeset.ARROW_ATTRIBUTE`, so keys and counts of it need no
+        Spark job); ``None`` elsewhere. Delta 4.4 computes a snapshot's state from its log with
+        Spark jobs for every read of a version (three "Compute snapshot" jobs and a file
+        filtering job before the scan's own): a run's first read of a small bronze or state
+        table cost 7 jobs per source, its full refresh 21 per state table."""
+        log = _local_log(path)
+        if log is None:
+            return None
+        dataset = self._dataset(path, version, None)
+        if dataset is None:
+            return None
+        try:
+            size = sum(os.path.getsize(f) for f in dataset.files)
+        except OSError:
+            return None
+        resolved = _local_log_version(log) if version is None else int(version)
+        stored = None if size > SMALL_READ_BYTES or resolved is None else _local_schema(log, resolved)
+        if stored is None:
+            return None
+        schema = logical_schema(stored)
+        try:
+            arrow = plain_types(dataset.to_table())
+            frame = spark_frame(self.spark, arrow, schema)
+        except Exception:  # a file gone since, or rows Spark takes otherwise: Delta's reader
+            return None
+        setattr(frame, ARROW_ATTRIBUTE, arrow)
+        return frame
 
     def _stored(self, path: str, version: int | None = None) -> DataFrame:
         """The table's rows as stored (:mod:`cdc_join.storage.untyped`)."""
@@ -1476,7 +1511,7 @@ class DeltaSparkStorage:
     def _files_from_log(self, path: str, location: str, version: int) -> list[FileStats]:
         """The files of ``version`` as Delta lists them, with statistics from the log where it
         can be read (else none: Unity Catalog refuses path access to managed tables' logs)."""
-        df = self._snapshot(path, version)
+        df = to_logical(self._stored(path, version))  # Delta's reader: it lists the files
         schema = df.schema
         with _spark_errors("list the files of", path):
             live = list(df.inputFiles())

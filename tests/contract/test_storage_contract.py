@@ -840,6 +840,49 @@ def test_the_feed_of_versions_that_only_appended_holds_their_rows_of_every_type(
         assert sorted({r["_change_type"] for r in rows(store.read_changes(path, 6))}) == ["delete", "insert"]
 
 
+def test_a_small_snapshot_is_read_on_the_driver_as_the_table_s_reader_reads_it(
+    store, spark, tmp_path, monkeypatch
+):
+    # A small local table (bronze, state and subscription tables of a run's first read, a
+    # rebuild's input, verify's reads) is read on the driver with its Arrow rows attached; with
+    # that path off, the backend's Spark reader must give the same rows and schema, for every
+    # version, types that Arrow and Spark hold differently, and files written before a column
+    # was added.
+    from cdc_join.changeset import arrow_of
+    from cdc_join.storage import delta_spark
+
+    ddl = "id long not null, at timestamp, amount decimal(12,2), tags array<string>, s struct<a: int>"
+    path = str(tmp_path / "t")
+    at = datetime(2026, 12, 7, 1, 2, 3, 456789, tzinfo=timezone.utc)
+    schema = spark.createDataFrame([], ddl).schema
+    store.create(path, schema, cdf=True)  # v0
+    store.append(path, spark.createDataFrame([(1, at, Decimal("1.25"), ["x", None], (7,))], schema))  # v1
+    later = spark.createDataFrame([(2, None, None, [], None, "new")], ddl + ", extra string")
+    store.append(path, later, merge_schema=True)  # v2
+    module = delta_spark if store.name == "delta-spark" else delta_rs
+
+    for version in (None, 1, 2, 0):
+        small = store.read(path, version)
+        assert arrow_of(small) is not None, version  # read on the driver
+        with monkeypatch.context() as patched:
+            patched.setattr(module, "SMALL_READ_BYTES", -1)
+            by_spark = store.read(path, version)
+            assert arrow_of(by_spark) is None
+            assert (rows(small, "id"), small.schema) == (rows(by_spark, "id"), by_spark.schema), version
+    got = rows(store.read(path), "id")
+    assert got[0]["at"].astimezone(timezone.utc) == at and got[0]["extra"] is None
+    assert (got[1]["tags"], got[1]["extra"]) == ([], "new")
+    if store.name == "delta-spark":
+        # Rows hidden by a deletion vector (silver's case): Delta's reader reads the table.
+        hidden = str(tmp_path / "dv")
+        kv_table(store, spark, hidden, [(1, 1, "a"), (2, 1, "b"), (3, 1, "c")])
+        spark.sql(f"ALTER TABLE delta.`{hidden}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
+        store.delete(hidden, "id = 2")
+        assert any(f.deleted_rows for f in store.files(hidden))
+        assert arrow_of(store.read(hidden)) is None
+        assert [r["id"] for r in rows(store.read(hidden), "id")] == [1, 3]
+
+
 def test_set_properties_turns_the_change_feed_off_and_on_again(store, spark, tmp_path):
     path = str(tmp_path / "t")
     kv_table(store, spark, path, [(1, 1, "a"), (2, 1, "b")])  # v1, with a change feed
