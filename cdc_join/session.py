@@ -124,6 +124,9 @@ class DeferredSession:
     ) -> None:
         self._args = (app_name, quiet, storage)
         self._session: SparkSession | None = SparkSession.getActiveSession()
+        self._failed: StorageError | None = None
+        """Why the session could not start: asked again, it says so at once instead of trying
+        again (an unreachable Connect server costs :data:`CONNECT_TIMEOUT_S` a try)."""
         self.work_bytes: Callable[[], int | None] | None = None
         """Asked as the session starts: the bytes of work it is started for (a run's new
         landing files), ``None`` when unknown; up to :data:`SMALL_WORK_BYTES` the session is
@@ -136,6 +139,8 @@ class DeferredSession:
     def session(self) -> SparkSession:
         """The session, started now if it was not."""
         if self._session is None:
+            if self._failed is not None:
+                raise self._failed
             app_name, quiet, storage = self._args
             # Asked once; a question that itself needs the session (a lake Spark reads) finds
             # none to ask and starts it for work of unknown size.
@@ -147,7 +152,11 @@ class DeferredSession:
             if self._session is not None:  # started while asking
                 return self._session
             small = work is not None and work <= SMALL_WORK_BYTES
-            self._session = get_spark(app_name, quiet=quiet, storage=storage, small=small)
+            try:
+                self._session = get_spark(app_name, quiet=quiet, storage=storage, small=small)
+            except StorageError as exc:
+                self._failed = exc
+                raise
         return self._session
 
     def delta_configured(self) -> bool | None:
@@ -166,7 +175,7 @@ class DeferredSession:
         return _wants_delta(self._args[2])
 
     def __getattr__(self, name: str) -> object:
-        if name in ("_args", "_session", "work_bytes"):  # not set yet (a copy being made)
+        if name in ("_args", "_session", "_failed", "work_bytes"):  # not set yet (a copy being made)
             raise AttributeError(name)
         return getattr(self.session(), name)
 

@@ -60,7 +60,7 @@ from pyspark.sql.types import (
 
 from cdc_join.changeset import ChangeSet, arrow_schema, frame_of, from_arrow, materialize
 from cdc_join.config import PipelineConfig
-from cdc_join.errors import ConfigError, InputError
+from cdc_join.errors import ConfigError, InputError, StorageError
 from cdc_join.landing.debezium import parse_events
 from cdc_join.landing.debezium.sequence import LEGACY_RULES, kept_legacy_rule
 from cdc_join.landing.debezium.unavailable import UNAVAILABLE_VALUE
@@ -441,6 +441,8 @@ def _ingest_files(
     now = datetime.now(timezone.utc)
     try:
         outcome = _parse(spark, storage, config, source_name, pending, now)
+    except StorageError:
+        raise  # a table or the session failed, not a landing file (an unreachable server)
     except Exception as failure:
         unreadable = _unreadable(spark, pending)
         if not unreadable:

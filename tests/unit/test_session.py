@@ -133,6 +133,24 @@ def test_an_unreachable_connect_server_is_refused_within_the_deadline():
     assert time.monotonic() - began < 10
 
 
+def test_a_session_that_could_not_start_says_so_again_without_trying_again(monkeypatch):
+    # An unreachable Connect server costs its deadline a try: a command asks once, and every
+    # later use of the deferred session fails at once with the same error.
+    tries = []
+
+    def unreachable(*_, **__):
+        tries.append(1)
+        raise session.StorageError("the Spark Connect server at h:1 did not answer")
+
+    monkeypatch.setattr(session, "get_spark", unreachable)
+    monkeypatch.setattr(session.SparkSession, "getActiveSession", staticmethod(lambda: None))
+    deferred = session.DeferredSession()
+    for _ in range(3):
+        with pytest.raises(session.StorageError, match="did not answer"):
+            deferred.session()
+    assert tries == [1]
+
+
 @pytest.mark.connect
 def test_the_session_started_here_has_every_local_setting(spark):
     # Run over Spark Connect too (CI): a local Connect server is started by this process.
