@@ -292,13 +292,13 @@ def _scanned(dataset: Any, fragment: Any, column: str, wanted: pa.Array) -> pa.T
         return whole.filter(pc.is_in(whole.column(column), value_set=wanted))
 
 
-#: Rows per batch of a streamed keyed read (:func:`rows_matching`): 32,768 rows of a wide
-#: state table are a few MB; 8,192 saved little memory and cost a fifth more time.
 SMALL_READ_BYTES = 4 * 1024 * 1024
 """The most bytes of data files of a local snapshot that :meth:`Storage.read` reads on the
 driver, as Arrow with a Spark frame over it (both backends): no Delta snapshot computation or
 file scan, and keys and counts of it without a Spark job."""
 
+#: Rows per batch of a streamed keyed read (:func:`rows_matching`): 32,768 rows of a wide
+#: state table are a few MB; 8,192 saved little memory and cost a fifth more time.
 KEYED_BATCH_ROWS = 32_768
 
 

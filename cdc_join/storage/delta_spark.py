@@ -462,17 +462,17 @@ class DeltaSparkStorage:
         filtering job before the scan's own): a run's first read of a small bronze or state
         table cost 7 jobs per source, its full refresh 21 per state table."""
         log = _local_log(path)
-        if log is None:
+        resolved = None if log is None else _local_log_version(log) if version is None else int(version)
+        if log is None or resolved is None:
             return None
-        dataset = self._dataset(path, version, None)
+        dataset = self._dataset(path, resolved, None)  # the version the schema is read at
         if dataset is None:
             return None
         try:
             size = sum(os.path.getsize(f) for f in dataset.files)
         except OSError:
             return None
-        resolved = _local_log_version(log) if version is None else int(version)
-        stored = None if size > SMALL_READ_BYTES or resolved is None else _local_schema(log, resolved)
+        stored = None if size > SMALL_READ_BYTES else _local_schema(log, resolved)
         if stored is None:
             return None
         schema = logical_schema(stored)
