@@ -709,13 +709,10 @@ class DeltaRsStorage:
         with _delta_errors("read", path):
             kinds = pa.schema(dt.schema().to_arrow())
             arrow = plain_types(pa.dataset.dataset(sorted(files), schema=kinds, format="parquet").to_table())
-        try:
-            # Every column nullable, as Spark's parquet reader gives them (``read``'s other path).
-            frame = spark_frame(self.spark, arrow, nullable_struct(schema))
+        try:  # every column nullable, as Spark's parquet reader gives them (``read``'s other path)
+            return ChangeSet(self.spark, nullable_struct(schema), arrow).frame
         except Exception:  # rows Spark takes otherwise from Arrow: its reader reads them
             return None
-        setattr(frame, ARROW_ATTRIBUTE, arrow)
-        return frame
 
     def read_arrow(
         self, path: str, columns: Sequence[str] | None = None, files: Sequence[str] | None = None

@@ -102,14 +102,12 @@ from pyspark.sql.types import (
 )
 
 from cdc_join.changeset import (
-    ARROW_ATTRIBUTE,
     ChangeSet,
     Rows,
     arrow_schema,
     found_in,
     frame_of,
     plain_types,
-    spark_frame,
     to_arrow,
 )
 from cdc_join.errors import ConcurrentRunError, StorageError, first_line
@@ -476,13 +474,10 @@ class DeltaSparkStorage:
         if stored is None:
             return None
         schema = logical_schema(stored)
-        try:
-            arrow = plain_types(dataset.to_table())
-            frame = spark_frame(self.spark, arrow, schema)
+        try:  # the frame carries its rows (ChangeSet.frame)
+            return ChangeSet(self.spark, schema, plain_types(dataset.to_table())).frame
         except Exception:  # a file gone since, or rows Spark takes otherwise: Delta's reader
             return None
-        setattr(frame, ARROW_ATTRIBUTE, arrow)
-        return frame
 
     def _stored(self, path: str, version: int | None = None) -> DataFrame:
         """The table's rows as stored (:mod:`cdc_join.storage.untyped`)."""
@@ -1609,12 +1604,10 @@ class DeltaSparkStorage:
             ]
         )
         arrow = plain_types(pa.concat_tables(parts)) if parts else arrow_schema(feed_schema).empty_table()
-        try:  # the table's types and NOT NULLs, as Delta's reader gives them
-            frame = spark_frame(self.spark, arrow, feed_schema)
+        try:  # the table's types and NOT NULLs, as Delta's reader gives them; rows attached
+            return ChangeSet(self.spark, feed_schema, arrow).frame
         except Exception:  # rows Spark takes otherwise from Arrow: its reader reads them
             return None
-        setattr(frame, ARROW_ATTRIBUTE, arrow)
-        return frame
 
     def _schema_changes(self, path: str, first: int, last: int) -> list[int]:
         """Versions in ``first + 1..last`` whose schema change a change feed cannot be read
