@@ -417,6 +417,13 @@ def rows_of_struct(
     return pa.Table.from_struct_array(structs)
 
 
+def as_read(rows: DataFrame, source: DataFrame) -> Rows:
+    """``rows``, computed from ``source``, run once onto the driver (:func:`materialize`) where
+    ``source`` was read there (a small table: ``Storage.read``), so that the storage can write
+    them as a file of its own instead of a Spark query; else ``rows`` as they are."""
+    return materialize(rows) if arrow_of(source) is not None else rows
+
+
 def arrow_of(df: DataFrame) -> pa.Table | None:
     """The Arrow copy a materialized frame carries, or ``None``."""
     table = df.__dict__.get(ARROW_ATTRIBUTE)

@@ -17,7 +17,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from cdc_join.changeset import arrow_of
+from cdc_join.changeset import arrow_of, as_read
 from cdc_join.columns import (
     DELETED,
     FILE,
@@ -91,7 +91,8 @@ def rebuild(
         storage.evolve(path, schema)
     schema = storage.schema(path)
     rows = from_events(events, source, schema, run_id)
-    written = storage.overwrite(path, rows.orderBy(*quoted(source.primary_key)), note=commits.REBUILD)
+    ordered = as_read(rows.orderBy(*quoted(source.primary_key)), events)
+    written = storage.overwrite(path, ordered, note=commits.REBUILD)
     return written.rows_inserted or 0, _watermark(events)
 
 

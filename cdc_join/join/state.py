@@ -38,6 +38,8 @@ from pyspark.sql.types import (
 
 from cdc_join.changeset import (
     ChangeSet,
+    arrow_of,
+    materialize,
     one_partition,
 )
 from cdc_join.columns import (
@@ -164,10 +166,14 @@ def read_current(
 ) -> DataFrame:
     """Newest row per key of a state table (tombstones included), optionally only for ``keys``.
 
-    ``on`` pairs state key columns with ``keys`` columns (default: the same names).
+    ``on`` pairs state key columns with ``keys`` columns (default: the same names). A whole
+    table the storage read on the driver (a small one) gives its newest rows there too, in a
+    frame that carries them (:func:`~cdc_join.changeset.arrow_of`).
     """
     if keys is None:
-        return newest(storage.read(path, version), key)
+        stored = storage.read(path, version)
+        current = newest(stored, key)
+        return materialize(current).frame if arrow_of(stored) is not None else current
     pairs = list(on or [(c, c) for c in key])
     stored, scan = read_keyed(storage, path, keys, pairs, version, keys.values(pairs[0][1]))
     return newest(stored, key, on_driver=scan.rows_on_driver)

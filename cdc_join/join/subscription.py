@@ -40,7 +40,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType
 
-from cdc_join.changeset import ChangeSet, arrow_schema, from_arrow, one_partition, same_values
+from cdc_join.changeset import ChangeSet, arrow_schema, as_read, from_arrow, one_partition, same_values
 from cdc_join.columns import (
     DELETED,
     HASH,
@@ -357,7 +357,8 @@ def rebuild(
     )
     # A join whose foreign key changed under the same alias leaves the old fk columns behind.
     reshaped = set(storage.schema(path).names) != set(rows.columns)
-    return storage.overwrite(path, rows, replace_schema=reshaped, note=commits.REBUILD).rows_inserted or 0
+    written = as_read(rows, left_rows)
+    return storage.overwrite(path, written, replace_schema=reshaped, note=commits.REBUILD).rows_inserted or 0
 
 
 def write_all(

@@ -369,14 +369,15 @@ def _replace(
 
     Delta's MERGE with the change data feed reads every column of every file it touches for
     the pre-images; the replace reads silver's key and ``_values_hash`` columns of the rows'
-    keys, leaves out upserts whose hash silver holds and deletes of keys silver lacks, as the
-    MERGE's conditions would, and writes the rest. Its feed has ``delete`` and ``insert``
+    keys, leaves out upserts whose hash silver holds (but with ``compared``: a recompute's
+    differences differ from silver's rows whatever their hashes say) and deletes of keys
+    silver lacks, as the MERGE's conditions would, and writes the rest. Its feed has ``delete`` and ``insert``
     where the MERGE's has ``update_preimage`` and ``update_postimage`` (docs/storage.md).
     """
     if not getattr(storage, "replaces_keys_in_place", False) or expected_version is None:
         return None
-    if compared or not isinstance(rows, ChangeSet) or VALUES_HASH not in rows.schema.names:
-        return None  # (a recompute's differences: its MERGE tells inserts from updates)
+    if not isinstance(rows, ChangeSet) or VALUES_HASH not in rows.schema.names:
+        return None
     path, keys = config.silver_path, silver_key_columns(config)
     written = [n for n in rows.schema.names if n != ACTION]
     held = {f.name: f.dataType for f in storage.schema(path).fields}
@@ -388,8 +389,9 @@ def _replace(
         return None
     hashes = _held_hashes(storage, path, keys, named, rows.schema)
     present = found_in(table, hashes, keys)
-    same = found_in(table, hashes, [*keys, VALUES_HASH])
-    upserts = pc.and_(pc.equal(table.column(ACTION), "upsert"), pc.invert(same))
+    upserts = pc.equal(table.column(ACTION), "upsert")
+    if not compared:  # (a recompute's rows differ from silver's, whatever their hashes say)
+        upserts = pc.and_(upserts, pc.invert(found_in(table, hashes, [*keys, VALUES_HASH])))
     new = pc.and_(upserts, pc.invert(present))
     deletes = pc.and_(pc.equal(table.column(ACTION), "delete"), present)
     changing = table.filter(pc.or_(upserts, deletes))

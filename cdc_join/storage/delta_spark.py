@@ -77,6 +77,7 @@ import json
 import logging
 import os
 import re
+import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -818,6 +819,10 @@ class DeltaSparkStorage:
         """Replace every row of the table with ``df``: same schema, or ``df``'s with ``replace_schema``
         (Delta's ``overwriteSchema``; one commit, history and properties stay); ``note`` is the
         commit's user metadata."""
+        if isinstance(df, ChangeSet) and not replace_schema:
+            rewritten = self._rewrite_small(path, df, expected_version, note)
+            if rewritten is not None:
+                return rewritten
         option = ("overwriteSchema", "true") if replace_schema else None
         return self._write(path, df, "overwrite", option, expected_version, note)
 
@@ -846,7 +851,7 @@ class DeltaSparkStorage:
         if on_driver:
             keyed.check_named(rows.table, columns, keys)
             if expected_version is not None:
-                rewritten = self._rewrite_small(path, rows, columns, keys, where, expected_version, note)
+                rewritten = self._rewrite_small(path, rows, expected_version, note, (columns, keys, where))
                 if rewritten is not None:
                     return rewritten
         with _session_confs(self.spark, {REPLACE_WHERE_CHECK: "false"} if on_driver else {}, optional=True):
@@ -978,44 +983,51 @@ class DeltaSparkStorage:
         self,
         path: str,
         rows: ChangeSet,
-        columns: Sequence[str],
-        keys: pa.Table,
-        where: str,
-        expected: int,
+        expected_version: int | None,
         note: str | None,
+        replaced: tuple[Sequence[str], pa.Table, str] | None = None,
     ) -> WriteMetrics | None:
-        """:meth:`replace_keys` of a small table as one file written here: its rows read on
-        the driver, the keys' rows replaced, every file of it swapped for the new one in one
-        Delta transaction at ``expected`` (:func:`cdc_join.storage.delta_txn.rewrite_files`:
-        no Spark job), with a change data file of the deleted and inserted rows where the
-        table has the change data feed. For a local table this session's Delta writes to
-        whose checksum at ``expected`` lists its files (Delta lists up to 50) and whose files
-        come to at most :data:`SMALL_REWRITE_BYTES`; ``None`` elsewhere, with nothing
-        written, and Spark's ``replaceWhere`` replaces the keys."""
+        """An overwrite of a small table as one file written here, every file of it swapped
+        for the new one in one Delta transaction (:func:`cdc_join.storage.delta_txn.rewrite_files`:
+        no Spark job): of every row, or, with ``replaced`` (the key columns, the keys and their
+        predicate), of the keys' rows only (:meth:`replace_keys`), the table's other rows read
+        on the driver and kept, with a change data file of the deleted and inserted rows where
+        the table has the change data feed (an overwrite of every row writes none: a feed
+        reader reads its removed files as deletes, as of Delta's own overwrite). At
+        ``expected_version``, guarded as :meth:`append` is; without it, at the latest version.
+        For a local table this session's Delta writes to whose checksum lists its files
+        (Delta lists up to 50), for a keyed replace of at most :data:`SMALL_REWRITE_BYTES`;
+        ``None`` elsewhere, with nothing written, and Spark's writer writes."""
         folder = None if is_table_name(path) else local_path(self._location(path))
         if folder is None or not self._appends_in_jvm(path, rows.schema):
             return None
-        checksum = _small_checksum(folder, expected, SMALL_REWRITE_BYTES)
+        expected = self.version(path) if expected_version is None else expected_version
+        most = SMALL_REWRITE_BYTES if replaced is not None else sys.maxsize
+        checksum = _small_checksum(folder, expected, most)
         stored = self._stored_schema(path)
         if checksum is None or is_marked(stored) or has_untyped(rows.schema) or _refused(checksum):
             return None
         listed, conf = checksum["allFiles"], checksum["metadata"].get("configuration") or {}
-        found = self._driver_table(path, expected)
-        if found is None:
-            return None
         try:  # nullable in the file, as Spark writes it; Delta's NOT NULL is checked apart
             kinds = pa.schema([f.with_nullable(True) for f in arrow_schema(stored)])
-            current = keyed.all_rows(found[0]).select(stored.names).cast(kinds)
             new = rows.table.select(stored.names).cast(kinds)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, KeyError, TypeError, ValueError):
             return None
-        feed = str(conf.get(_CHANGE_DATA_FEED, "false")).lower() == "true"
-        merged, old, changes = _keys_replaced(current, new, columns, keys, feed)
-        guard = _Guard(expected, _Guard.token_of(note))
-        rewrite = delta_txn.Rewrite(expected, GUARD_APP_ID, guard.token, where, old.num_rows, new.num_rows)
-        with _spark_errors("replace rows of", path):
+        merged, deleted, changes, where = new, _live_rows(checksum), None, None
+        if replaced is not None:
+            feed = str(conf.get(_CHANGE_DATA_FEED, "false")).lower() == "true"
+            found = self._keys_replaced_here(path, expected, kinds, new, replaced[:2], feed)
+            if found is None:
+                return None
+            (merged, deleted, changes), where = found, replaced[2]
+        guarded = expected_version is not None
+        token = _Guard.token_of(note) if guarded else note
+        rewrite = delta_txn.Rewrite(
+            expected, GUARD_APP_ID if guarded else None, token, where, deleted or 0, new.num_rows
+        )
+        with _spark_errors("replace rows of" if replaced else "overwrite", path):
             version = self._in_jvm(
-                "keyed replaces go through Spark's replaceWhere",
+                "small overwrites go through Spark's writer",
                 lambda: delta_txn.rewrite_files(
                     self.spark, self._location(path), folder, listed, merged, changes, rewrite
                 ),
@@ -1023,14 +1035,30 @@ class DeltaSparkStorage:
         if version is None:
             return None
         self._forget(path)
-        return WriteMetrics(
-            version=version,
-            rows_inserted=new.num_rows,
-            rows_deleted=old.num_rows,
-            files_added=1 if merged.num_rows else 0,
-            files_removed=len(listed),
-            extra={"operation": "WRITE", "metrics": rewrite.metrics(len(listed), merged.num_rows, changes)},
-        )
+        return _rewritten(version, rewrite, len(listed), merged.num_rows, deleted, changes)
+
+    def _keys_replaced_here(
+        self,
+        path: str,
+        version: int,
+        kinds: pa.Schema,
+        new: pa.Table,
+        replaced: tuple[Sequence[str], pa.Table],
+        feed: bool,
+    ) -> tuple[pa.Table, int, pa.Table | None] | None:
+        """The rows of the table at ``version``, read on the driver, with the rows of the keys
+        (``replaced``: the key columns and the keys) replaced by ``new``; the rows deleted; the
+        change data rows with ``feed`` (:func:`_keys_replaced`). ``None`` where the rows cannot
+        be read here."""
+        found = self._driver_table(path, version)
+        if found is None:
+            return None
+        try:
+            current = keyed.all_rows(found[0]).select(kinds.names).cast(kinds)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, KeyError, TypeError, ValueError):
+            return None
+        merged, old, changes = _keys_replaced(current, new, *replaced, feed)
+        return merged, old.num_rows, changes
 
     def _metrics(self, path: str, commit: Mapping[str, Any], mode: str) -> WriteMetrics:
         """A write's metrics from its commit's history entry."""
@@ -1840,6 +1868,39 @@ def _small_checksum(folder: str, version: int, most_bytes: int) -> dict[str, Any
     if len(files) != checksum.get("numFiles") or not isinstance(checksum.get("metadata"), dict):
         return None
     return checksum
+
+
+def _rewritten(
+    version: int,
+    rewrite: delta_txn.Rewrite,
+    removed: int,
+    rows: int,
+    deleted: int | None,
+    changes: pa.Table | None,
+) -> WriteMetrics:
+    """The metrics of a rewrite on the driver that committed ``version``: ``removed`` files
+    swapped for one of ``rows`` rows (none when empty)."""
+    return WriteMetrics(
+        version=version,
+        rows_inserted=rewrite.inserted,
+        rows_deleted=deleted,
+        files_added=1 if rows else 0,
+        files_removed=removed,
+        extra={"operation": "WRITE", "metrics": rewrite.metrics(removed, rows, changes)},
+    )
+
+
+def _live_rows(checksum: Mapping[str, Any]) -> int | None:
+    """The rows of the table whose checksum this is, from its files' statistics (less the rows
+    their deletion vectors hide); ``None`` where a file has none."""
+    total = 0
+    for add in checksum["allFiles"]:
+        try:
+            total += int(json.loads(add["stats"])["numRecords"])
+        except (KeyError, TypeError, ValueError):
+            return None
+        total -= int((add.get("deletionVector") or {}).get("cardinality") or 0)
+    return total
 
 
 def _refused(checksum: Mapping[str, Any]) -> bool:

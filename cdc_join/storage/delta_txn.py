@@ -176,7 +176,7 @@ def rewrite_files(
         ConcurrentRunError: as :func:`append_at`.
     """
     jvm = spark._jvm  # type: ignore[attr-defined]
-    delta, operation = _api(jvm, rewrite.note, rewrite.predicate)
+    delta, operation = _api(jvm, rewrite.note, rewrite.predicate, overwrite=True)
     txn = _started_at(spark, delta, location, rewrite.expected)
     try:
         action = delta.actions.Action.fromJson
@@ -190,8 +190,9 @@ def rewrite_files(
     if arrow_files.refused(protocol, metadata) or arrow_files.nulls_where_refused(table, schema):
         return None
     actions = jvm.java.util.ArrayList()
-    lines = {"appId": rewrite.app_id, "version": rewrite.expected + 1, "lastUpdated": now}
-    actions.add(action(json.dumps({"txn": lines})))
+    if rewrite.app_id is not None:
+        lines = {"appId": rewrite.app_id, "version": rewrite.expected + 1, "lastUpdated": now}
+        actions.add(action(json.dumps({"txn": lines})))
     for remove in removed:
         actions.add(remove)
     if table.num_rows:
@@ -205,13 +206,14 @@ def rewrite_files(
 @dataclass(frozen=True)
 class Rewrite:
     """What :func:`rewrite_files` commits besides its files: the version it must find, the
-    transaction identifier's app id, the commit's user metadata, the predicate its history
-    shows, and the rows it deletes and inserts (for the history's metrics)."""
+    transaction identifier's app id (``None``: a write that carries none, an unguarded
+    overwrite), the commit's user metadata, the predicate its history shows (``None``: an
+    overwrite of every row), and the rows it deletes and inserts (for the history's metrics)."""
 
     expected: int
-    app_id: str
-    note: str
-    predicate: str
+    app_id: str | None
+    note: str | None
+    predicate: str | None
     deleted: int
     inserted: int
 
@@ -226,18 +228,19 @@ class Rewrite:
         }
 
 
-def _api(jvm: Any, note: str | None, predicate: str | None = None) -> tuple[Any, Any]:
+def _api(
+    jvm: Any, note: str | None, predicate: str | None = None, *, overwrite: bool = False
+) -> tuple[Any, Any]:
     """Delta's package in this JVM, and the ``WRITE`` operation of an append with ``note`` as
-    its user metadata (with ``predicate``: of an overwrite of the rows it names, as a
-    ``replaceWhere`` records it)."""
+    its user metadata (with ``overwrite``: of an overwrite, of the rows ``predicate`` names as
+    a ``replaceWhere`` records it, or of every row)."""
     try:
         delta = jvm.org.apache.spark.sql.delta
         none = getattr(getattr(jvm.scala, "None$"), "MODULE$")
         metadata = none if note is None else jvm.scala.Some(note)
         modes = jvm.org.apache.spark.sql.SaveMode
-        mode, where = (modes.Append, none)
-        if predicate is not None:
-            mode, where = modes.Overwrite, jvm.scala.Some(predicate)
+        mode = modes.Overwrite if overwrite else modes.Append
+        where = none if predicate is None else jvm.scala.Some(predicate)
         # DeltaOperations.Write(mode, partitionBy, predicate, userMetadata, five more options)
         write = getattr(delta, "DeltaOperations$Write")(mode, none, where, metadata, *[none] * 5)
     except _py4j_error() as exc:

@@ -1079,6 +1079,39 @@ def test_overwrite(store, spark, tmp_path):
     assert store.read(path, version=1).count() == 2
 
 
+def test_an_overwrite_of_rows_on_the_driver_keeps_the_feed_and_the_guard(store, spark, tmp_path):
+    """Rows on the driver (a small table's rebuilt state): on delta-spark the table is rewritten
+    here in one transaction, which must give the feed exactly the rows it held as deletes (not
+    those a deletion vector hid) and the new ones as inserts, and commit guarded only at the
+    version it expects, unguarded on top of whatever the table holds."""
+    path = str(tmp_path / "t")
+    kv_table(store, spark, path, [(1, 1, "a"), (2, 1, "b")])  # v1
+    store.append(path, spark.createDataFrame([(3, 1, "c")], KV_DDL))  # v2: a second file
+    store.delete(path, "id = 2")  # v3
+    new = materialize(spark.createDataFrame([(9, 1, "z"), (1, 2, "a2")], KV_DDL))
+    with pytest.raises(ConcurrentRunError):  # the table moved past the version expected
+        store.overwrite(path, new, expected_version=2)
+    assert store.version(path) == 3
+
+    m = store.overwrite(path, new, expected_version=3)
+
+    assert (m.version, m.rows_inserted) == (4, 2)
+    assert rows(store.read(path), "id") == [{"id": 1, "seq": 2, "v": "a2"}, {"id": 9, "seq": 1, "v": "z"}]
+    got = rows(store.read_changes(path, 4, 4), "_change_type", "id")
+    assert [(r["_change_type"], r["id"], r["v"]) for r in got] == [
+        ("delete", 1, "a"),
+        ("delete", 3, "c"),
+        ("insert", 1, "a2"),
+        ("insert", 9, "z"),
+    ]
+    m = store.overwrite(path, materialize(spark.createDataFrame([(5, 1, "e")], KV_DDL)))
+    assert m.version == 5 and rows(store.read(path)) == [{"id": 5, "seq": 1, "v": "e"}]
+    assert rows(store.read(path, version=3), "id") == [
+        {"id": 1, "seq": 1, "v": "a"},
+        {"id": 3, "seq": 1, "v": "c"},
+    ]
+
+
 @pytest.fixture(params=["collected", "streamed"])
 def write_path(request, monkeypatch):
     """delta-rs collects a small frame for a write and streams a large one through a parquet

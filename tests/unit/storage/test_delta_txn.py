@@ -9,6 +9,7 @@ file written here (cdc_join.storage.arrow_files), in the same transaction, witho
 
 from __future__ import annotations
 
+import json
 import os
 
 import pyarrow as pa
@@ -263,6 +264,49 @@ def test_a_keyed_replace_of_rows_on_the_driver_rewrites_a_small_table_here_witho
     assert commit["operationParameters"]["predicate"] == "`id` IN (2, 3)"
     assert commit["operationMetrics"]["numAddedChangeFiles"] == 1
     assert len(spark.read.format("delta").load(path).inputFiles()) == 1  # the table is one file now
+
+
+def _commit(path: str, version: int) -> list[dict]:
+    with open(os.path.join(path, "_delta_log", f"{version:020d}.json"), encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def test_an_overwrite_of_rows_on_the_driver_rewrites_a_small_table_here_without_a_spark_job(
+    store, spark, tmp_path, rewrites
+):
+    path = str(tmp_path / "t")
+    seen = _table(store, spark, path)
+    store.append(path, spark.createDataFrame([(2, "b"), (3, "c")], KV_DDL))
+    before = len(spark.read.format("delta").load(path).inputFiles())
+    jobs = SparkJobs(spark)
+    with jobs.group("overwrite") as count:
+        guarded = store.overwrite(
+            path, _driver_rows(spark, [(7, "g")]), expected_version=seen + 1, note="run 3"
+        )
+        unguarded = store.overwrite(path, _driver_rows(spark, [(8, "u"), (9, None)]), note="rebuild")
+        assert count() == 0
+    assert rewrites == [seen + 2, seen + 3]
+    assert (guarded.rows_inserted, guarded.rows_deleted, guarded.files_removed) == (1, 3, before)
+    assert (unguarded.rows_inserted, unguarded.rows_deleted, unguarded.files_removed) == (2, 1, 1)
+    assert _ids(store, path) == [8, 9]
+    for version, note, guard in ((seen + 2, "run 3:", True), (seen + 3, "rebuild", False)):
+        commit = store.history(path, 10)[seen + 3 - version]
+        assert commit["operation"] == "WRITE" and commit["userMetadata"].startswith(note)
+        assert commit["operationParameters"]["mode"] == "Overwrite"
+        assert (
+            "predicate" not in commit["operationParameters"] or not commit["operationParameters"]["predicate"]
+        )
+        assert any("txn" in a for a in _commit(path, version)) is guard  # a guard's identifier only
+
+
+def test_an_overwrite_that_replaces_the_schema_or_of_a_lazy_frame_is_spark_s(
+    store, spark, tmp_path, rewrites
+):
+    path = str(tmp_path / "t")
+    _table(store, spark, path)
+    store.overwrite(path, spark.createDataFrame([(2, "b")], KV_DDL))
+    store.overwrite(path, _driver_rows(spark, [(3, "c")]), replace_schema=True)
+    assert rewrites == [] and _ids(store, path) == [3]
 
 
 def test_a_table_over_the_size_or_without_its_file_list_is_replaced_by_spark(
