@@ -18,7 +18,10 @@ A two-source pipeline (``orders`` ⋈ ``customers``, a left join), on each backe
 Each is timed as a whole process (its wall time, Python's start and imports included) and, for
 runs, as the run report's seconds; medians over ``--repeat`` (each repeat a new lake for the
 first run). Spark's jars are fetched once before timing (the first start on a machine, which a
-scheduler pays once). Results: one JSON document; a table on stdout.
+scheduler pays once), by a process that also writes the JVM's class archive
+(``cdc_join/class_archive.py``) into a folder of this benchmark's own (``--class-archive off``:
+none, as before 2026-12-07); its seconds are kept as ``warm_up_s``. Results: one JSON document;
+a table on stdout.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from typing import Any
 
 import yaml
 
+from cdc_join.class_archive import ENV as ARCHIVE_ENV
 from cdc_join.landing.event_writer import EventWriter
 
 TABLES = {
@@ -217,13 +221,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only-sf01", action="store_true", help="time only the SF 0.1 measure")
     parser.add_argument("--work", default=None, help="where the SF 0.1 lake and TPC-H data go")
     parser.add_argument("--out", default=None, help="write the results here (JSON)")
+    parser.add_argument(
+        "--class-archive", choices=("on", "off"), default="on", help="the JVM's class archive (default on)"
+    )
     args = parser.parse_args(argv)
-    results = {}
+    archives = tempfile.mkdtemp(prefix="cdc_join_class_archive_") if args.class_archive == "on" else "off"
+    os.environ[ARCHIVE_ENV] = archives  # every command below inherits it
+    results, warm_up = {}, {}
     for storage in args.storage:
         with tempfile.TemporaryDirectory() as warm:  # fetch the jars (a first start) untimed
             config, w = _pipeline(Path(warm))
             _first_events(w)
-            _command(storage, "-q", "run", config)
+            warm_up[storage] = round(_command(storage, "-q", "run", config)[0], 3)
         results[storage] = {} if args.only_sf01 else measure(storage, args.repeat, args.demo)
         if args.sf01 or args.only_sf01:
             work = Path(args.work or tempfile.mkdtemp(prefix="cdc_join_sf01_"))
@@ -232,7 +241,13 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if args.out:
         load = os.getloadavg()
-        document = {"repeat": args.repeat, "load_after": [round(x, 2) for x in load], "results": results}
+        document = {
+            "repeat": args.repeat,
+            "class_archive": args.class_archive,
+            "warm_up_s": warm_up,
+            "load_after": [round(x, 2) for x in load],
+            "results": results,
+        }
         Path(args.out).write_text(json.dumps(document, indent=1))
     return 0
 

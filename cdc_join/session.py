@@ -13,8 +13,11 @@ from typing import cast
 
 from pyspark.sql import SparkSession
 
+from cdc_join import class_archive as archives
 from cdc_join.errors import StorageError
 from cdc_join.storage import delta_jars
+
+_log = logging.getLogger(__name__)
 
 LOCAL_DEFAULTS = {
     "spark.ui.enabled": "false",
@@ -68,6 +71,7 @@ def get_spark(
     quiet: bool = False,
     storage: str | None = None,
     small: bool = False,
+    class_archive: bool = False,
 ) -> SparkSession:
     """Return the active SparkSession, or start one with small-machine defaults.
 
@@ -83,6 +87,8 @@ def get_spark(
     still reach Python as exceptions. With ``small`` the session is for small work (a run of a
     few megabytes of new events): a JVM started here compiles with C1 only
     (:data:`SMALL_WORK_JAVA_OPTION`) and Spark generates no code (:data:`SMALL_WORK_CONF`).
+    With ``class_archive`` (a command's new process) a JVM started here loads its classes from
+    the archive kept for it, or writes one as this process ends (:mod:`cdc_join.class_archive`).
 
     Raises:
         StorageError: the Delta jars could not be had (the message names ``--storage delta-rs``).
@@ -97,15 +103,16 @@ def get_spark(
     if remote and remote.startswith("sc://"):
         check_reachable(remote)
     conf = _local_conf(remote, extra_conf, storage, small)
+    archive = archives.for_jvm(conf) if class_archive and not remote else None
     if delta_jars.resolves(extra_conf or {}, conf):
         # Ivy's cache takes one resolution at a time; whoever waited finds the jars resolved.
         with delta_jars.resolution_lock():
             conf = _local_conf(remote, extra_conf, storage, small)
-            spark = _start(_builder(app_name, remote, conf), conf, quiet)
+            spark = _start_with(archive, app_name, remote, conf, quiet)
             if "spark.jars.packages" in conf:
                 delta_jars.remember(conf["spark.jars.packages"], _resolved_jars(spark))
     else:
-        spark = _start(_builder(app_name, remote, conf), conf, quiet)
+        spark = _start_with(archive, app_name, remote, conf, quiet)
     if quiet:
         quiet_query_context_logs()
     if not remote:
@@ -120,9 +127,15 @@ class DeferredSession:
     """
 
     def __init__(
-        self, app_name: str = "cdc_join", *, quiet: bool = False, storage: str | None = None
+        self,
+        app_name: str = "cdc_join",
+        *,
+        quiet: bool = False,
+        storage: str | None = None,
+        class_archive: bool = False,
     ) -> None:
         self._args = (app_name, quiet, storage)
+        self._class_archive = class_archive
         self._session: SparkSession | None = SparkSession.getActiveSession()
         self._failed: StorageError | None = None
         """Why the session could not start: asked again, it says so at once instead of trying
@@ -153,7 +166,9 @@ class DeferredSession:
                 return self._session
             small = work is not None and work <= SMALL_WORK_BYTES
             try:
-                self._session = get_spark(app_name, quiet=quiet, storage=storage, small=small)
+                self._session = get_spark(
+                    app_name, quiet=quiet, storage=storage, small=small, class_archive=self._class_archive
+                )
             except StorageError as exc:
                 self._failed = exc
                 raise
@@ -175,7 +190,7 @@ class DeferredSession:
         return _wants_delta(self._args[2])
 
     def __getattr__(self, name: str) -> object:
-        if name in ("_args", "_session", "_failed", "work_bytes"):  # not set yet (a copy being made)
+        if name in ("_args", "_session", "_failed", "work_bytes", "_class_archive"):  # not set yet (a copy)
             raise AttributeError(name)
         return getattr(self.session(), name)
 
@@ -201,6 +216,34 @@ def _spark_defaults_file() -> str | None:
         if os.path.exists(path):
             return path
     return None
+
+
+def _start_with(
+    archive: archives.ClassArchive | None,
+    app_name: str,
+    remote: str | None,
+    conf: dict[str, str],
+    quiet: bool,
+) -> SparkSession:
+    """:func:`_start` of a session whose JVM gets ``archive``'s Java options: it loads its
+    classes from the archive, or records them for the archive this process then writes as it
+    ends. A JVM that does not start with the archive (one damaged since it was written makes
+    HotSpot crash) starts again without it, and the archive is removed."""
+    if archive is None:
+        return _start(_builder(app_name, remote, conf), conf, quiet)
+    key, ready = "spark.driver.defaultJavaOptions", archive.ready
+    given = {**conf, key: f"{conf.get(key, '')} {archive.java_options()}".strip()}
+    try:
+        spark = _start(_builder(app_name, remote, given), given, quiet)
+    except Exception as exc:
+        if not ready or "JAVA_GATEWAY_EXITED" not in f"{exc} {exc.__cause__}":
+            raise
+        _log.warning("the JVM did not start with the class archive %s: removed", archive.path)
+        archive.remove()
+        return _start(_builder(app_name, remote, conf), conf, quiet)
+    if not ready:
+        archive.write_at_exit(spark)
+    return spark
 
 
 def _builder(app_name: str, remote: str | None, conf: dict[str, str]) -> SparkSession.Builder:

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
 
 FIXTURES = Path(__file__).parent / "fixtures"
+
+# The `cdc-join` processes tests start keep their JVM's class archive (cdc_join/class_archive.py)
+# here, not in the user's cache folder; every process of a test run shares it.
+ARCHIVES = os.path.join(tempfile.gettempdir(), "cdc_join-tests-class-archive")
+os.environ.setdefault("CDC_JOIN_CLASS_ARCHIVE", ARCHIVES)
 
 
 BACKENDS = ("delta-rs", "delta-spark")

@@ -124,7 +124,7 @@ def prepare(folder: Path, *, quiet: bool = False, storage: str | None = None) ->
     writer = EventWriter(folder / "landing", TABLES)
     write_snapshot(writer)
     # The demo's batches are a few dozen events: small work (cdc_join.session.SMALL_WORK_BYTES).
-    spark = get_spark("cdc_join-demo", quiet=quiet, storage=storage, small=True)
+    spark = get_spark("cdc_join-demo", quiet=quiet, storage=storage, small=True, class_archive=True)
     return Pipeline(load_config(folder / "pipeline.yml"), spark, get_storage(spark, storage))
 
 

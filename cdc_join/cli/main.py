@@ -212,7 +212,9 @@ def open_pipeline(args: argparse.Namespace, progress: Callable[[str], None] | No
     from cdc_join.storage import get_storage
 
     # Started when first needed: a run with nothing to do, on a local lake, needs no JVM.
-    spark = DeferredSession(f"cdc_join:{config.name}", quiet=not args.debug, storage=args.storage)
+    spark = DeferredSession(
+        f"cdc_join:{config.name}", quiet=not args.debug, storage=args.storage, class_archive=True
+    )
     quiet_query_context_logs(not args.debug)  # also for a session that was already running
     return Pipeline(config, spark, get_storage(spark, args.storage), progress=progress)
 

@@ -27,6 +27,7 @@ FLOW = [
     "report",
     "storage",
     "checkpoint",
+    "class_archive",
     "session",
     "landing",
     "join",

@@ -28,13 +28,16 @@ _NO_SPARK = textwrap.dedent(
 )
 
 
-def _python(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def _python(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, *args],
         capture_output=True,
         text=True,
         timeout=300,
         env={**os.environ, **(env or {})},
+        cwd=cwd,
     )
 
 
@@ -101,3 +104,42 @@ def test_an_unreachable_spark_connect_server_fails_within_seconds_naming_it(tmp_
     assert "Spark Connect server at 127.0.0.1:9 (from CDC_JOIN_SPARK_REMOTE) did not answer" in found.stderr
     assert "cannot read" not in found.stderr, found.stderr
     assert "secret" not in found.stderr
+
+
+_ARCHIVED_SESSION = textwrap.dedent(
+    """
+    from cdc_join.session import get_spark
+    spark = get_spark(quiet=True, storage="delta-rs", class_archive=True)
+    assert spark.range(3).count() == 3
+    found = spark._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments()
+    print(" ".join(str(a) for a in found))
+    """
+)
+
+
+@pytest.mark.deep  # three JVMs of their own and an archive written (about 40 s); CI runs it
+def test_a_command_s_jvm_writes_its_class_archive_as_it_ends_and_the_next_starts_from_it(tmp_path):
+    folder = tmp_path / "archive"
+    env, work = {"CDC_JOIN_CLASS_ARCHIVE": str(folder)}, tmp_path / "work"
+    work.mkdir()
+    first = _python("-c", _ARCHIVED_SESSION, env=env, cwd=work)
+    assert first.returncode == 0, first.stderr
+    assert "-XX:+RecordDynamicDumpInfo" in first.stdout.split()
+    (archive,) = folder.iterdir()  # the archive alone: no lock, no unfinished part
+    assert archive.suffix == ".jsa" and archive.stat().st_size > 10_000_000
+    written = archive.stat().st_mtime_ns
+
+    second = _python("-c", _ARCHIVED_SESSION, env=env, cwd=work)
+    assert second.returncode == 0, second.stderr
+    assert f"-XX:SharedArchiveFile={archive}" in second.stdout.split()
+    assert archive.stat().st_mtime_ns == written  # used, not written again
+
+    # Damaged since (a disk that filled up): HotSpot crashes as it maps it. The session starts
+    # without it, and the archive is removed for the next process to write anew.
+    archive.chmod(0o644)
+    with open(archive, "r+b") as f:
+        f.truncate(archive.stat().st_size // 2)
+    third = _python("-c", _ARCHIVED_SESSION, env=env, cwd=work)
+    assert third.returncode == 0, third.stderr
+    assert "SharedArchiveFile" not in third.stdout and not archive.exists()
+    assert list(work.iterdir()) == []  # no crash report in the working folder
