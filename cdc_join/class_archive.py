@@ -58,8 +58,8 @@ def folder() -> str | None:
 
 def key(conf: Mapping[str, str]) -> str | None:
     """What tells one JVM's archive from another's: the Java runtime (its path and its module
-    image), PySpark's jars and the settings of :data:`KEYED_SETTINGS`; ``None`` when no Java
-    runtime is found."""
+    image), PySpark's jars (their folder and names) and the settings of :data:`KEYED_SETTINGS`;
+    ``None`` when no Java runtime is found."""
     java = _java()
     if java is None:
         return None
@@ -69,7 +69,8 @@ def key(conf: Mapping[str, str]) -> str | None:
         import pyspark
 
         jars = os.path.join(os.path.dirname(pyspark.__file__), "jars")
-        parts += [pyspark.__version__, *sorted(os.listdir(jars))]
+        # (The folder too: the JVM takes an archive only for the class path it was written for.)
+        parts += [os.path.realpath(jars), pyspark.__version__, *sorted(os.listdir(jars))]
     except (ImportError, OSError):
         return None
     # (The JIT's options change no class: a JVM started for small work shares the archive.)

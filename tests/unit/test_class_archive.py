@@ -26,7 +26,9 @@ def test_the_archive_is_kept_where_the_variable_says_in_the_cache_folder_else_an
     assert class_archive.folder() == str(tmp_path / "cache" / "cdc_join" / "class-archive")
 
 
-def test_a_jvm_s_archive_is_told_by_its_java_options_class_path_and_memory_not_by_its_jit(monkeypatch):
+def test_a_jvm_s_archive_is_told_by_its_java_options_class_path_and_memory_not_by_its_jit(
+    monkeypatch, tmp_path
+):
     base = key(CONF)
     assert base is not None and key(dict(CONF)) == base
     small = {**CONF, "spark.driver.defaultJavaOptions": "-XX:-DontCompileHugeMethods -XX:TieredStopAtLevel=1"}
@@ -38,6 +40,14 @@ def test_a_jvm_s_archive_is_told_by_its_java_options_class_path_and_memory_not_b
         ("spark.driver.memory", "8g"),
     ]:
         assert key({**CONF, name: value}) != base, name
+    import pyspark
+
+    other = tmp_path / "venv" / "pyspark"  # the same PySpark installed elsewhere (another venv)
+    (other / "jars").mkdir(parents=True)
+    for name in os.listdir(os.path.join(os.path.dirname(pyspark.__file__), "jars")):
+        (other / "jars" / name).write_text("")
+    monkeypatch.setattr(pyspark, "__file__", str(other / "__init__.py"))
+    assert key(CONF) != base  # its class path differs, and the JVM would refuse the archive
     monkeypatch.setenv("JAVA_HOME", "/no/such/java")
     assert key(CONF) is None  # no Java runtime to tell it by: no archive
 
