@@ -124,7 +124,11 @@ class ClassArchive:
         process is writing it or it exists; whether it was written."""
         if self.ready:
             return False
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        except OSError as exc:  # a folder this user cannot write: no archive, and no error
+            _log.info("no class archive written: %s", exc)
+            return False
         with _locked(f"{self.path}.lock") as held:
             if not held or self.ready:
                 return False
@@ -188,7 +192,7 @@ def _locked(path: str):  # type: ignore[no-untyped-def]
     """Whether this process holds the lock file ``path`` (created here, removed after)."""
     try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-    except FileExistsError:
+    except OSError:  # another writer holds it, or the folder cannot be written
         yield False
         return
     os.close(fd)

@@ -106,3 +106,11 @@ def test_locks_and_parts_a_dead_writer_left_are_removed_once_stale(monkeypatch, 
         os.utime(path, (os.path.getmtime(path) - age,) * 2)
     assert for_jvm(CONF) is not None
     assert all(path.exists() == (age == 0) for path in left)
+
+
+def test_a_folder_that_cannot_be_written_gives_no_archive_and_no_error(monkeypatch, tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("")  # a file where the folder would be
+    archive = ClassArchive(str(blocked / "archive" / "k.jsa"))
+    monkeypatch.setattr(class_archive, "_dump", _Dumped(b"classes"))
+    assert archive.write(None) is False
