@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -170,6 +171,9 @@ def measure_sf01(storage: str, repeat: int, work: Path) -> list[dict[str, Any]]:
     import pickle
 
     root = work / f"sf01-{storage}"
+    # A lake left by an earlier call in the same --work: its landing files carry the names the
+    # new workload's batches get, and its runs would find nothing new (the TPC-H data is kept).
+    shutil.rmtree(root, ignore_errors=True)
     done = subprocess.run(
         [sys.executable, "-c", _LOAD, str(root), storage],
         capture_output=True,
@@ -186,6 +190,8 @@ def measure_sf01(storage: str, repeat: int, work: Path) -> list[dict[str, Any]]:
     for _ in range(repeat):
         batch = workload.change_batch(0.0, changes=SF01_ORDERS)
         seconds, report, _ = _command(storage, "--json", "run", config)
+        if report and report.get("idle"):
+            raise RuntimeError(f"the SF 0.1 run found nothing to do ({report['idle']}): not a measurement")
         row = {**_row(seconds, report), "changed_rows": batch.changed_rows}
         rows.append(row)
         print(f"{storage} {SF01}: {row}", flush=True)
