@@ -154,10 +154,13 @@ class ClassArchive:
 
 
 def for_jvm(conf: Mapping[str, str]) -> ClassArchive | None:
-    """The archive for a JVM started with ``conf``; ``None`` when turned off or unknown."""
+    """The archive for a JVM started with ``conf``; ``None`` when turned off or unknown, or
+    where its folder's path has white space (at which Spark splits the Java options)."""
     where, found = folder(), key(conf)
     if where is None or found is None:
         return None
+    if any(c.isspace() for c in where + tempfile.gettempdir()):
+        return None  # Spark splits the Java options at white space
     _remove_stale(where)
     return ClassArchive(os.path.join(where, f"{found}.jsa"))
 

@@ -19,6 +19,8 @@ def test_the_archive_is_kept_where_the_variable_says_in_the_cache_folder_else_an
 ):
     monkeypatch.setenv(ENV, str(tmp_path / "a"))
     assert class_archive.folder() == str(tmp_path / "a")
+    monkeypatch.setenv(ENV, str(tmp_path / "with space"))
+    assert for_jvm(CONF) is None  # Spark would split the Java option at the space
     monkeypatch.setenv(ENV, "off")
     assert class_archive.folder() is None and for_jvm(CONF) is None
     monkeypatch.delenv(ENV)
