@@ -4,9 +4,11 @@ A scheduler starts ``cdc-join`` as a new process for every run, and a new JVM sp
 finding, reading and verifying the same ten thousand classes of Spark and its libraries each
 time. HotSpot's class data sharing keeps them in an archive that the next JVM maps instead
 (JDK 13+; the Java runtime's own classes are in the archive it ships). A command's JVM is
-started with the archive when there is one for it, else it records what it loads, and the
-process writes the archive as it ends (``VM.cds dynamic_dump``, a command of the running JVM,
-JDK 17+: about 10,000 classes, 150 MB, a few seconds once).
+started with the archive when there is one for it. Else the first command only leaves a mark
+(a machine whose files do not outlive the process, a container started afresh for each run,
+never pays for an archive no later process would use); a command that finds the mark records
+what its JVM loads, and its process writes the archive as it ends (``VM.cds dynamic_dump``, a
+command of the running JVM, JDK 17+: about 10,000 classes, 120 MB, 5-10 s once).
 
 The archive is kept per JVM: one file per Java runtime, Spark install and Java options
 (:func:`key`), in ``$CDC_JOIN_CLASS_ARCHIVE`` (a folder; ``off`` turns this off), else in the
@@ -106,8 +108,21 @@ class ClassArchive:
     def ready(self) -> bool:
         return os.path.isfile(self.path)
 
+    @property
+    def records(self) -> bool:
+        """Whether a JVM started now records its classes for the archive: there is none, and
+        an earlier command on this machine left the mark (:meth:`java_options`)."""
+        return not self.ready and os.path.isfile(f"{self.path}.seen")
+
     def java_options(self) -> str:
-        """The Java options that start a JVM with the archive, or that let it write one."""
+        """The Java options that start a JVM with the archive, or that let it write one; none
+        for the first command of this JVM on the machine, which leaves the mark instead."""
+        if not self.ready and not self.records:
+            with contextlib.suppress(OSError):
+                os.makedirs(os.path.dirname(self.path), exist_ok=True)
+                with open(f"{self.path}.seen", "a", encoding="utf-8"):
+                    pass
+            return ""
         if self.ready:
             # A JVM that cannot use the archive (another build) starts without it, silently; one
             # damaged since it was written makes HotSpot crash as it maps it, and its crash

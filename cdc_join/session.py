@@ -227,12 +227,14 @@ def _start_with(
 ) -> SparkSession:
     """:func:`_start` of a session whose JVM gets ``archive``'s Java options: it loads its
     classes from the archive, or records them for the archive this process then writes as it
-    ends. A JVM that does not start with the archive (one damaged since it was written makes
-    HotSpot crash) starts again without it, and the archive is removed."""
-    if archive is None:
+    ends (or none: the first command only marks the machine). A JVM that does not start with
+    the archive (one damaged since it was written makes HotSpot crash) starts again without
+    it, and the archive is removed."""
+    options = "" if archive is None else archive.java_options()
+    if archive is None or not options:
         return _start(_builder(app_name, remote, conf), conf, quiet)
     key, ready = "spark.driver.defaultJavaOptions", archive.ready
-    given = {**conf, key: f"{conf.get(key, '')} {archive.java_options()}".strip()}
+    given = {**conf, key: f"{conf.get(key, '')} {options}".strip()}
     try:
         spark = _start(_builder(app_name, remote, given), given, quiet)
     except Exception as exc:

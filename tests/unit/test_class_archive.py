@@ -54,10 +54,16 @@ def test_a_jvm_s_archive_is_told_by_its_java_options_class_path_and_memory_not_b
     assert key(CONF) is None  # no Java runtime to tell it by: no archive
 
 
-def test_a_jvm_with_an_archive_maps_it_and_one_without_records_its_classes_for_it(tmp_path):
+def test_a_jvm_with_an_archive_maps_it_one_without_records_its_classes_but_the_first_only_marks(tmp_path):
+    archive = ClassArchive(str(tmp_path / "folder" / "k.jsa"))
+    # The first command of this JVM on the machine: no option, a mark (a container started
+    # afresh for every run never pays for writing an archive nobody would read).
+    assert not archive.records and archive.java_options() == ""
+    assert os.listdir(tmp_path / "folder") == ["k.jsa.seen"]
+    assert archive.records and archive.java_options() == "-XX:+RecordDynamicDumpInfo"
     archive = ClassArchive(str(tmp_path / "k.jsa"))
-    assert archive.java_options() == "-XX:+RecordDynamicDumpInfo"
     (tmp_path / "k.jsa").write_bytes(b"archive")
+    assert not archive.records
     assert archive.java_options().startswith(f"-XX:SharedArchiveFile={tmp_path / 'k.jsa'} -Xshare:auto")
 
 
