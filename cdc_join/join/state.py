@@ -38,8 +38,8 @@ from pyspark.sql.types import (
 
 from cdc_join.changeset import (
     ChangeSet,
-    arrow_of,
-    materialize,
+    as_read,
+    frame_of,
     one_partition,
 )
 from cdc_join.columns import (
@@ -172,8 +172,7 @@ def read_current(
     """
     if keys is None:
         stored = storage.read(path, version)
-        current = newest(stored, key)
-        return materialize(current).frame if arrow_of(stored) is not None else current
+        return frame_of(as_read(newest(stored, key), stored))
     pairs = list(on or [(c, c) for c in key])
     stored, scan = read_keyed(storage, path, keys, pairs, version, keys.values(pairs[0][1]))
     return newest(stored, key, on_driver=scan.rows_on_driver)
