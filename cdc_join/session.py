@@ -144,6 +144,10 @@ class DeferredSession:
         """Asked as the session starts: the bytes of work it is started for (a run's new
         landing files), ``None`` when unknown; up to :data:`SMALL_WORK_BYTES` the session is
         started for small work (:func:`get_spark`)."""
+        self.small_conf: dict[str, str] | None = None
+        """Settings a session started for small work gets besides :data:`SMALL_WORK_CONF`: those
+        of work whose every input is small (a verify of a small lake, whose ``work_bytes`` are
+        all it reads), which a run, reading a big lake for a small batch, cannot take."""
 
     @property
     def started(self) -> bool:
@@ -165,9 +169,15 @@ class DeferredSession:
             if self._session is not None:  # started while asking
                 return self._session
             small = work is not None and work <= SMALL_WORK_BYTES
+            extra, self.small_conf = (self.small_conf if small else None), None
             try:
                 self._session = get_spark(
-                    app_name, quiet=quiet, storage=storage, small=small, class_archive=self._class_archive
+                    app_name,
+                    extra,
+                    quiet=quiet,
+                    storage=storage,
+                    small=small,
+                    class_archive=self._class_archive,
                 )
             except StorageError as exc:
                 self._failed = exc
@@ -190,7 +200,8 @@ class DeferredSession:
         return _wants_delta(self._args[2])
 
     def __getattr__(self, name: str) -> object:
-        if name in ("_args", "_session", "_failed", "work_bytes", "_class_archive"):  # not set yet (a copy)
+        # Not set yet (a copy):
+        if name in ("_args", "_session", "_failed", "work_bytes", "small_conf", "_class_archive"):
             raise AttributeError(name)
         return getattr(self.session(), name)
 

@@ -50,6 +50,14 @@ from cdc_join.schemas import exact_json, quoted, same_type, widens_to
 from cdc_join.storage import Storage, commits
 
 SOURCES = ("bronze", "state")
+#: Spark's settings for a verify of a small lake (:func:`read_bytes` up to
+#: :data:`cdc_join.session.SMALL_WORK_BYTES`) in a session started for it: one shuffle partition
+#: and no adaptive execution, as the test sessions run. Its recompute is a few windows and joins
+#: of rows read on the driver, which adaptive execution runs as about 24 jobs, one per query
+#: stage (5 without it). Measured (2026-12-08, a new `cdc-join verify` process on delta-rs,
+#: README's two-source pipeline, interleaved, 6 each, on a slow hour of this VM): median 12.0 s
+#: -> 11.5 s, 8.8-12.4 s against 11.5-13.2 s, faster in 5 of the 6 pairs.
+SMALL_LAKE_CONF = {"spark.sql.adaptive.enabled": "false", "spark.sql.shuffle.partitions": "1"}
 
 
 def read_bytes(config: PipelineConfig) -> int | None:

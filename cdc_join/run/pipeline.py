@@ -77,6 +77,7 @@ class Pipeline:
         """Compare silver with a recompute from bronze; with ``repair``, full-refresh and recheck."""
         if isinstance(self.spark, DeferredSession):  # a session not started yet: for what is read
             self.spark.work_bytes = functools.partial(verify.read_bytes, self.config)
+            self.spark.small_conf = dict(verify.SMALL_LAKE_CONF)
         found = verify.verify(self.storage, self.config, samples=samples, source=source)
         if not repair or found.ok or found.unfinished:  # a stopped run is finished by a run
             return found

@@ -56,6 +56,27 @@ def test_a_jvm_started_for_small_work_compiles_with_c1_only(monkeypatch):
     assert started == [False, True, True, False, False, False]
 
 
+def test_a_session_started_for_a_small_verify_gets_its_settings_and_a_big_one_not(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    from cdc_join.checks import verify
+    from tests.support import make_pipeline
+
+    started = []
+    monkeypatch.setattr(
+        session, "get_spark", lambda *a, **kw: started.append((a[1:], kw["small"])) or object()
+    )
+    monkeypatch.setattr(session.SparkSession, "getActiveSession", staticmethod(lambda: None))
+    monkeypatch.setattr(verify, "verify", lambda storage, config, **_: storage.spark.session())
+    for lake_bytes in (0, session.SMALL_WORK_BYTES + 1):
+        monkeypatch.setattr(verify, "read_bytes", lambda config, n=lake_bytes: n)
+        deferred = session.DeferredSession()
+        pipeline, _ = make_pipeline(tmp_path, deferred, SimpleNamespace(name="delta-rs", spark=deferred))
+        pipeline.verify()
+        assert deferred.small_conf is None  # taken once, as work_bytes
+    assert started == [((verify.SMALL_LAKE_CONF,), True), ((None,), False)]
+
+
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     """An Ivy cache of its own, holding one resolved jar."""
