@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -64,6 +65,11 @@ def from_events(events: DataFrame, source: SourceConfig, schema: StructType, run
     """
     key = list(source.primary_key)
     rows = conform(event_rows(events, source, run_id), schema)
+    arrow = arrow_of(events)
+    if arrow is not None and not len(_truncates(arrow)):
+        # Events read on the driver, none a truncate: the newest event of each key is its state,
+        # folded in one partition (no shuffle, no watermark to apply).
+        return newest(rows.filter(F.col(OP) != "t"), key, on_driver=arrow.num_rows)
     truncates = rows.filter(F.col(OP) == "t").select(F.col(SEQ).alias("__w"))
     watermark = truncates.agg(F.max("__w").alias("__w"))
     latest = newest(rows.filter(F.col(OP) != "t"), key).crossJoin(F.broadcast(watermark))
@@ -101,10 +107,15 @@ def _watermark(events: DataFrame) -> str | None:
     the storage read them there (no Spark job), else one job."""
     arrow = arrow_of(events)
     if arrow is not None:
-        truncates = arrow.filter(pc.fill_null(pc.equal(arrow.column("_op"), "t"), False)).column("_seq")
+        truncates = _truncates(arrow)
         return pc.max(truncates).as_py() if len(truncates) else None
     found = events.filter(F.col("_op") == "t").agg(F.max("_seq").alias("w")).first()
     return found["w"] if found is not None else None
+
+
+def _truncates(events: pa.Table) -> pa.ChunkedArray:
+    """The sequences of the truncates among bronze events on the driver."""
+    return events.filter(pc.fill_null(pc.equal(events.column("_op"), "t"), False)).column("_seq")
 
 
 def _truncated_value(field: StructField, key: list[str], run_id: int) -> Column:

@@ -86,6 +86,26 @@ def test_a_truncate_removes_older_rows_and_keeps_newer_ones(spark):
     assert tombstones == {1: "t", 3: "t"}  # at the truncate's sequence: later older events stay out
 
 
+def test_events_read_on_the_driver_give_the_state_spark_computes_with_or_without_a_truncate(spark):
+    from cdc_join.changeset import arrow_of, materialize
+
+    plain = [("c", 1, "a", "1", "a", 1), ("u", 1, "b", "4", "a", 2), ("d", 2, None, "2", "b", 1)]
+    plain += [("c", 2, "x", "1", "a", 3), ("c", None, "null key", "5", "b", 2), ("c", 3, "y", "25", "b", 3)]
+    for truncated in ([], [("t", None, None, "3", "c", 1)]):
+        events = _events(spark, *plain, *truncated)
+        on_driver = materialize(events).frame
+        assert arrow_of(on_driver) is not None and arrow_of(events) is None
+        expected = from_events(events, SOURCE, state_schema(ROW), run_id=1)
+        found = from_events(on_driver, SOURCE, state_schema(ROW), run_id=1)
+        assert found.columns == expected.columns
+        assert sorted(found.collect(), key=str) == sorted(expected.collect(), key=str), truncated
+        assert _current(found) == (
+            {1: ("b", "4"), 3: ("y", "25"), None: ("null key", "5")}
+            if not truncated
+            else {1: ("b", "4"), None: ("null key", "5")}
+        )
+
+
 def test_a_key_whose_event_was_hashed_otherwise_counts_as_changed(spark):
     # The same event (sequence, file, line) with another hash: a rebuild hashed its row after a
     # column widened (1 is "1.0" in a double). Its subscriptions must be written with the new hash.
