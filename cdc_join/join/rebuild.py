@@ -65,14 +65,15 @@ def from_events(events: DataFrame, source: SourceConfig, schema: StructType, run
     """
     key = list(source.primary_key)
     rows = conform(event_rows(events, source, run_id), schema)
+    changes = rows.filter(F.col(OP) != "t")
     arrow = arrow_of(events)
     if arrow is not None and not len(_truncates(arrow)):
         # Events read on the driver, none a truncate: the newest event of each key is its state,
         # folded in one partition (no shuffle, no watermark to apply).
-        return newest(rows.filter(F.col(OP) != "t"), key, on_driver=arrow.num_rows)
+        return newest(changes, key, on_driver=arrow.num_rows)
     truncates = rows.filter(F.col(OP) == "t").select(F.col(SEQ).alias("__w"))
     watermark = truncates.agg(F.max("__w").alias("__w"))
-    latest = newest(rows.filter(F.col(OP) != "t"), key).crossJoin(F.broadcast(watermark))
+    latest = newest(changes, key).crossJoin(F.broadcast(watermark))
     older = F.col("__w").isNotNull() & ~F.col(DELETED) & (F.col(SEQ) < F.col("__w"))
     return latest.select(
         *[
